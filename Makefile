@@ -1,0 +1,53 @@
+# kvstore: `make run` brings up a local dev cluster, `make test` runs the whole suite.
+# Both work on a fresh Debian/Ubuntu machine as root: they install what is missing.
+
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+PIP     := $(PY) -m pip
+STAMP   := $(VENV)/.installed
+# Tests run in a private network namespace holding only loopback: the Transfer Engine
+# listens on every interface whatever address it is given.
+NETNS   := unshare -n sh -c
+PYTEST_ARGS ?=
+
+.PHONY: setup system-deps run test lint typecheck proto proto-check clean
+
+setup: system-deps $(STAMP)
+
+system-deps:
+	@missing=""; \
+	command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || missing="$$missing etcd-server"; \
+	ldconfig -p | grep -q 'libibverbs.so.1 ' || missing="$$missing libibverbs1"; \
+	command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \
+	command -v unshare >/dev/null 2>&1 || missing="$$missing util-linux"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages:$$missing"; \
+	  if [ "$$(id -u)" != 0 ]; then echo "need root for apt-get (or install:$$missing)"; exit 1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+# torch is installed first and alone, pinned, so that nothing later resolves a CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[te,dev]'
+	touch $(STAMP)
+
+run: setup
+	$(VENV)/bin/kvstore up
+
+test: setup
+	$(NETNS) 'ip link set lo up && exec $(PY) -m pytest -q $(PYTEST_ARGS)'
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy kvstore client/kvstore_client vllm_adapter/kvstore_vllm
+
+# The generated modules are committed inside the package (kvstore/v1/) and must equal
+# what this target produces; tests/unit/test_proto_generated.py checks it.
+proto: $(STAMP)
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. proto/kvstore/v1/*.proto
+
+clean:
+	rm -rf $(VENV) .kvstore .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,378 @@
+"""The synchronous client: find the master through etcd, move bytes over the Transfer Engine.
+
+A put is two-phase: PutStart (the master allocates space in store-node segments),
+one batched Transfer Engine write per store node, then PutEnd (the object becomes
+visible). A get is GetReplicas (which pins the objects under a short lease so nothing
+evicts them mid-read), one batched read per store node into a registered staging
+buffer, a checksum check of every object, and a lease release that the client does not
+wait for. The master never sees object bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import grpc
+from typing_extensions import Buffer
+
+from kvstore.checksum import checksum
+from kvstore.coord.etcd import read_key_sync
+from kvstore.coord.layout import Layout, MasterRecord
+from kvstore.errors import (
+    Code,
+    CorruptObject,
+    InvalidArgument,
+    KVStoreError,
+    LeaseExpired,
+    NotFound,
+    Unavailable,
+    check_key,
+    error_for,
+)
+from kvstore.transfer import Transfer
+from kvstore.v1 import common_pb2 as cpb
+from kvstore.v1 import master_pb2 as pb
+from kvstore.v1 import master_pb2_grpc as pbg
+from kvstore_client.staging import Staging
+
+R = TypeVar("R")
+
+_GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+]
+
+
+@dataclass
+class ClientStats:
+    puts: int = 0
+    gets: int = 0
+    hits: int = 0
+    bytes_written: int = 0
+    bytes_read: int = 0
+    corrupt_reads: int = 0
+    failovers: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+class KVStoreClient:
+    """Blocking client. Thread-compatible, not thread-safe: use one per thread.
+
+    `KVStoreClient(etcd="127.0.0.1:2379")` finds the leader through etcd;
+    `KVStoreClient(master="127.0.0.1:50051")` talks to one master directly.
+    """
+
+    def __init__(
+        self,
+        etcd: str = "127.0.0.1:2379",
+        *,
+        master: str | None = None,
+        cluster: str = "default",
+        timeout: float = 10.0,
+        replicas: int = 0,
+        buffer_size: int = 64 << 20,
+        host: str = "127.0.0.1",
+        protocol: str = "tcp",
+        device: str = "",
+    ) -> None:
+        self.etcd = etcd
+        self.timeout = timeout
+        self.replicas = replicas
+        self._layout = Layout(cluster)
+        self._fixed_master = master
+        self.writer_id = uuid.uuid4().hex
+        self.stats = ClientStats()
+        self._channel: grpc.Channel | None = None
+        self._stub: pbg.MasterStub | None = None
+        self.master_address = ""
+        self._connect()
+        self._transfer = Transfer(host, protocol, device)
+        self._staging = Staging(self._transfer, buffer_size)
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def __enter__(self) -> KVStoreClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        if getattr(self, "_staging", None) is not None:
+            self._staging.close()
+        if getattr(self, "_transfer", None) is not None:
+            self._transfer.close()
+
+    def _discover(self) -> str:
+        if self._fixed_master:
+            return self._fixed_master
+        raw = read_key_sync(self.etcd, self._layout.leader, timeout=min(self.timeout, 3.0))
+        if raw is None:
+            raise Unavailable(
+                f"no kvstore master is registered in etcd at {self.etcd}; start one with "
+                f"`kvstore master --etcd {self.etcd}` (or `kvstore up` for a dev cluster)"
+            )
+        return MasterRecord.decode(raw).address
+
+    def _connect(self) -> None:
+        address = self._discover()
+        if address != self.master_address or self._channel is None:
+            if self._channel is not None:
+                self._channel.close()
+            self._channel = grpc.insecure_channel(address, options=_GRPC_OPTIONS)
+            self._stub = pbg.MasterStub(self._channel)
+            self.master_address = address
+
+    def _call(self, method: str, request: Any) -> Any:
+        """One control round trip; follows the leader once if it moved."""
+        deadline = time.monotonic() + self.timeout
+        for attempt in range(3):
+            assert self._stub is not None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                reply = getattr(self._stub, method)(request, timeout=remaining)
+            except grpc.RpcError as exc:
+                code = exc.code()  # type: ignore[attr-defined]
+                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    if attempt < 2 and time.monotonic() < deadline:
+                        time.sleep(min(0.2 * (attempt + 1), max(0.0, deadline - time.monotonic())))
+                        self._reconnect_quietly()
+                        continue
+                    raise Unavailable(
+                        f"the kvstore master at {self.master_address} did not answer {method} "
+                        f"({code.name}); is it running?"
+                    ) from exc
+                raise Unavailable(f"{method} to {self.master_address} failed: {code.name}") from exc
+            if reply.error.code == Code.NOT_LEADER and attempt < 2:
+                self.stats.failovers += 1
+                self._reconnect_quietly()
+                continue
+            if reply.error.code:
+                raise error_for(reply.error.code, reply.error.message)
+            return reply
+        raise Unavailable(f"{method} did not complete within {self.timeout:.1f} s")
+
+    def _reconnect_quietly(self) -> None:
+        try:
+            self._connect()
+        except KVStoreError:
+            pass  # the next attempt reports the failure
+
+    # -- small calls --------------------------------------------------------------------
+
+    def exists(self, keys: Sequence[bytes]) -> list[bool]:
+        keys = _checked(keys)
+        if not keys:
+            return []
+        return list(self._call("Exists", pb.KeysRequest(keys=keys)).exists)
+
+    def remove(self, key: bytes) -> bool:
+        """Remove one object; False if it was not there."""
+        code = self.remove_many([key])[0]
+        return code == Code.OK
+
+    def remove_many(self, keys: Sequence[bytes], force: bool = False) -> list[Code]:
+        keys = _checked(keys)
+        reply = self._call("Remove", pb.RemoveRequest(keys=keys, force=force))
+        return [Code(c) for c in reply.codes]
+
+    # -- put ------------------------------------------------------------------------------
+
+    def put(self, key: bytes, value: Buffer) -> None:
+        err = self.put_many([key], [value])[0]
+        if err is not None:
+            raise err
+
+    def put_many(self, keys: Sequence[bytes], values: Sequence[Buffer]) -> list[KVStoreError | None]:
+        """Store each value under its key. Per key: None on success, else the error.
+
+        A key that is already stored counts as success (content addressing: same key,
+        same bytes). Batches larger than the staging buffer are sent in slices.
+        """
+        keys = _checked(keys)
+        if len(keys) != len(values):
+            raise InvalidArgument(f"put_many got {len(keys)} keys but {len(values)} values")
+        views = [memoryview(v).cast("B") for v in values]
+        for key, view in zip(keys, views, strict=True):
+            if view.nbytes == 0:
+                raise InvalidArgument("empty value: store at least one byte", key=key)
+        results: list[KVStoreError | None] = [None] * len(keys)
+        for lo, hi in self._staging.slices([v.nbytes for v in views]):
+            self._put_slice(keys[lo:hi], views[lo:hi], results, lo)
+        return results
+
+    def _put_slice(self, keys: list[bytes], views: list[memoryview],
+                   results: list[KVStoreError | None], base: int) -> None:
+        sums = [checksum(v) for v in views]
+        reply = self._call("PutStart", pb.PutStartRequest(
+            keys=keys, sizes=[v.nbytes for v in views], checksums=sums,
+            replicas=self.replicas, writer=self.writer_id))
+        offsets = self._staging.layout([v.nbytes for v in views])
+        plan: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+        started: list[int] = []
+        for i, item in enumerate(reply.items):
+            if item.code == Code.ALREADY_EXISTS:
+                continue
+            if item.code != Code.OK:
+                results[base + i] = error_for(item.code, item.message, key=keys[i])
+                continue
+            self._staging.view[offsets[i]:offsets[i] + views[i].nbytes] = views[i]
+            started.append(i)
+            for loc in item.locations:
+                plan[loc.segment].append((self._staging.addr + offsets[i], loc.addr, loc.size))
+        failed = self._run_transfers(plan, self._transfer.write)
+        commit: list[int] = []
+        revoke: list[int] = []
+        for i in started:
+            locs = reply.items[i].locations
+            if any(loc.segment in failed for loc in locs):
+                revoke.append(i)
+                results[base + i] = failed[next(loc.segment for loc in locs if loc.segment in failed)]
+            else:
+                commit.append(i)
+        if revoke:
+            self._call("PutRevoke", pb.KeysRequest(keys=[keys[i] for i in revoke],
+                                                   writer=self.writer_id))
+        if commit:
+            end = self._call("PutEnd", pb.KeysRequest(keys=[keys[i] for i in commit],
+                                                      writer=self.writer_id))
+            for i, code in zip(commit, end.codes, strict=True):
+                if code not in (Code.OK, Code.ALREADY_EXISTS):
+                    results[base + i] = error_for(
+                        code, "the write was not committed (it timed out at the master or "
+                        "its node was lost); put it again", key=keys[i])
+                else:
+                    self.stats.puts += 1
+                    self.stats.bytes_written += views[i].nbytes
+
+    def _run_transfers(self, plan: dict[str, list[tuple[int, int, int]]],
+                       op: Callable[[str, list[int], list[int], list[int]], None]
+                       ) -> dict[str, KVStoreError]:
+        failed: dict[str, KVStoreError] = {}
+        for segment, items in plan.items():
+            try:
+                op(segment, [a for a, _, _ in items], [b for _, b, _ in items],
+                   [n for _, _, n in items])
+            except KVStoreError as exc:
+                failed[segment] = exc
+        return failed
+
+    # -- get ------------------------------------------------------------------------------
+
+    def get(self, key: bytes) -> bytes | None:
+        """The object's bytes, or None if the store does not hold it."""
+        out = self._get_batch([key])[0]
+        if isinstance(out, NotFound):
+            return None
+        if isinstance(out, KVStoreError):
+            raise out
+        return out
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Per key: the bytes, or None for a miss. A corrupt or unreachable replica is a
+        miss too (a cache reader recomputes); `stats.errors` counts them."""
+        return [None if isinstance(o, KVStoreError) else o for o in self._get_batch(keys)]
+
+    def _get_batch(self, keys: Sequence[bytes]) -> list[bytes | KVStoreError]:
+        keys = _checked(keys)
+        out: list[bytes | KVStoreError] = [NotFound("not in the store")] * len(keys)
+        pending = list(range(len(keys)))
+        for _attempt in range(2):
+            if not pending:
+                break
+            pending = self._get_once(keys, pending, out)
+        return out
+
+    def _get_once(self, keys: list[bytes], todo: list[int],
+                  out: list[bytes | KVStoreError]) -> list[int]:
+        """Read `todo` under one lease; returns the indexes worth one more try."""
+        sent = time.monotonic()
+        reply = self._call("GetReplicas", pb.GetReplicasRequest(keys=[keys[i] for i in todo]))
+        deadline = sent + reply.ttl_remaining
+        found = [(i, item) for i, item in zip(todo, reply.items, strict=True)
+                 if item.code == Code.OK and item.locations]
+        retry: list[int] = []
+        try:
+            for lo, hi in self._staging.slices([item.size for _, item in found]):
+                part = found[lo:hi]
+                offsets = self._staging.layout([item.size for _, item in part])
+                self._read_part(keys, part, offsets, out, retry)
+                if time.monotonic() > deadline:
+                    # The lease lapsed before the bytes were in: the objects may have been
+                    # evicted and their space reused, so what arrived is not trusted.
+                    for i, _ in found[lo:]:
+                        out[i] = LeaseExpired("the read lease expired before the transfer "
+                                              "finished", key=keys[i])
+                        retry.append(i)
+                    break
+        finally:
+            if reply.lease_id:
+                self._release_async(reply.lease_id)
+        self.stats.gets += len(todo)
+        return retry
+
+    def _read_part(self, keys: list[bytes], part: list[tuple[int, pb.ReadItem]],
+                   offsets: list[int], out: list[bytes | KVStoreError], retry: list[int]) -> None:
+        # Replica r of each object is tried in round r; most reads finish in round 0.
+        remaining = list(range(len(part)))
+        for rnd in range(max((len(item.locations) for _, item in part), default=0)):
+            plan: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+            which: dict[str, list[int]] = defaultdict(list)
+            for j in remaining:
+                _, item = part[j]
+                if rnd < len(item.locations):
+                    loc: cpb.Location = item.locations[rnd]
+                    plan[loc.segment].append((self._staging.addr + offsets[j], loc.addr, item.size))
+                    which[loc.segment].append(j)
+            failed = self._run_transfers(plan, self._transfer.read)
+            still: list[int] = []
+            for segment, js in which.items():
+                for j in js:
+                    i, item = part[j]
+                    if segment in failed:
+                        out[i] = failed[segment]
+                        still.append(j)
+                        continue
+                    data = self._staging.view[offsets[j]:offsets[j] + item.size]
+                    if checksum(data) != item.checksum:
+                        self.stats.corrupt_reads += 1
+                        out[i] = CorruptObject(
+                            f"object read from {segment} does not match its checksum; "
+                            "it is treated as missing", key=keys[i])
+                        still.append(j)
+                        continue
+                    out[i] = bytes(data)
+                    self.stats.hits += 1
+                    self.stats.bytes_read += item.size
+            remaining = still
+            if not remaining:
+                break
+        for j in remaining:
+            err = out[part[j][0]]
+            if isinstance(err, KVStoreError):
+                self.stats.errors[type(err).__name__] = self.stats.errors.get(type(err).__name__, 0) + 1
+
+    def _release_async(self, lease_id: int) -> None:
+        """Release without waiting: the lease expires on its own if this is lost."""
+        assert self._stub is not None
+        with contextlib.suppress(grpc.RpcError):
+            self._stub.ReleaseLease.future(pb.ReleaseLeaseRequest(lease_id=lease_id),
+                                           timeout=self.timeout)
+
+
+def _checked(keys: Sequence[bytes]) -> list[bytes]:
+    out = [bytes(k) if isinstance(k, (bytearray, memoryview)) else k for k in keys]
+    for k in out:
+        check_key(k)
+    return out

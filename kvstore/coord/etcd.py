@@ -1,0 +1,209 @@
+"""The one place that talks to etcd.
+
+Everything else in kvstore uses this small facade, so the etcd client library
+(etcd3aio today) can be replaced by touching one file. It offers only what the
+cluster needs: plain keys, prefix reads, leases with a keepalive task, a create-if-absent
+transaction (the basis of leader election) and a prefix watch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import grpc
+from etcd3aio import Etcd3Client
+from etcd3aio.kv import KVService, prefix_range_end
+
+from kvstore.errors import InvalidArgument, Unavailable
+
+log = logging.getLogger(__name__)
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    """`HOST:PORT` -> (host, port); raises InvalidArgument with a usable sentence."""
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidArgument(f"etcd address {endpoint!r} is not HOST:PORT, e.g. 127.0.0.1:2379")
+    return host, int(port)
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    kind: str  # "put" | "delete"
+    key: bytes
+    value: bytes
+    mod_revision: int
+
+
+class Etcd:
+    """Async etcd facade. Call `connect()` (or use `async with`) before anything else."""
+
+    def __init__(self, endpoint: str, *, timeout: float = 5.0) -> None:
+        parse_endpoint(endpoint)
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self._client = Etcd3Client([endpoint], rpc_max_attempts=2)
+        self._connected = False
+
+    async def __aenter__(self) -> Etcd:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        await self._client.connect()
+        self._connected = True
+        try:
+            await self._kv.get(b"/kvstore/", timeout=self.timeout, max_attempts=1)
+        except Exception as exc:  # grpc errors, timeouts, DNS failures
+            await self.close()
+            raise Unavailable(
+                f"cannot reach etcd at {self.endpoint} ({_reason(exc)}); "
+                "start etcd or pass the right --etcd HOST:PORT"
+            ) from exc
+
+    async def close(self) -> None:
+        if self._connected:
+            self._connected = False
+            with contextlib.suppress(Exception):
+                await self._client.close()
+
+    @property
+    def _kv(self) -> KVService:
+        kv = self._client.kv
+        if kv is None:
+            raise Unavailable("etcd client is closed")
+        return kv
+
+    async def put(self, key: bytes, value: bytes, lease: int = 0) -> int:
+        resp = await self._kv.put(key, value, lease=lease, timeout=self.timeout)
+        return int(resp.header.revision)
+
+    async def get(self, key: bytes) -> bytes | None:
+        resp = await self._kv.get(key, timeout=self.timeout)
+        return bytes(resp.kvs[0].value) if resp.kvs else None
+
+    async def get_with_revision(self, key: bytes) -> tuple[bytes, int] | None:
+        """Value and create_revision of `key` (the election uses the latter as epoch)."""
+        resp = await self._kv.get(key, timeout=self.timeout)
+        if not resp.kvs:
+            return None
+        return bytes(resp.kvs[0].value), int(resp.kvs[0].create_revision)
+
+    async def get_prefix(self, prefix: bytes) -> tuple[list[tuple[bytes, bytes]], int]:
+        """All (key, value) under `prefix`, and the store revision they were read at."""
+        resp = await self._kv.get(prefix, prefix_range_end(prefix), timeout=self.timeout)
+        return [(bytes(kv.key), bytes(kv.value)) for kv in resp.kvs], int(resp.header.revision)
+
+    async def delete(self, key: bytes) -> None:
+        await self._kv.delete(key, timeout=self.timeout)
+
+    async def delete_prefix(self, prefix: bytes) -> None:
+        await self._kv.delete(prefix, prefix_range_end(prefix), timeout=self.timeout)
+
+    async def create_if_absent(self, key: bytes, value: bytes, lease: int) -> int | None:
+        """Put `key` only if it does not exist. Returns its create revision, or None."""
+        kv = self._kv
+        resp = await kv.txn(
+            [KVService.txn_compare_create_revision(key, 0)],
+            [KVService.txn_op_put(key, value, lease=lease)],
+            [],
+            timeout=self.timeout,
+        )
+        if not resp.succeeded:
+            return None
+        return int(resp.header.revision)
+
+    async def grant(self, ttl: int) -> int:
+        lease = self._client.lease
+        if lease is None:
+            raise Unavailable("etcd client is closed")
+        resp = await lease.grant(ttl, timeout=self.timeout)
+        return int(resp.ID)
+
+    async def revoke(self, lease_id: int) -> None:
+        lease = self._client.lease
+        if lease is not None:
+            with contextlib.suppress(Exception):
+                await lease.revoke(lease_id, timeout=self.timeout)
+
+    async def refresh(self, lease_id: int) -> int:
+        """One keepalive round trip; returns the TTL etcd reports (<= 0: the lease is gone)."""
+        lease = self._client.lease
+        if lease is None:
+            raise Unavailable("etcd client is closed")
+        call = lease.keep_alive(lease_id)
+        try:
+            async with asyncio.timeout(self.timeout):
+                async for resp in call:
+                    return int(resp.TTL)
+        finally:
+            call.cancel()
+        return 0
+
+    async def keep_alive(self, lease_id: int, ttl: int, on_lost: Callable[[], None]) -> None:
+        """Refresh `lease_id` every ttl/3 s until cancelled; call `on_lost` once if it dies.
+
+        Runs as its own task so that it never waits behind bulk work on the same loop
+        for longer than one scheduling slice. A refresh that fails transiently is retried
+        until the lease's own deadline has passed: only then is the lease really gone.
+        """
+        loop = asyncio.get_running_loop()
+        interval = max(ttl / 3.0, 0.2)
+        deadline = loop.time() + ttl
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                remaining = await self.refresh(lease_id)
+            except (TimeoutError, grpc.aio.AioRpcError, Unavailable) as exc:
+                log.warning("etcd lease %x keepalive failed: %s", lease_id, _reason(exc))
+                if loop.time() >= deadline:
+                    on_lost()
+                    return
+                continue
+            if remaining <= 0:
+                on_lost()
+                return
+            deadline = loop.time() + remaining
+
+    async def watch_prefix(self, prefix: bytes, start_revision: int = 0) -> AsyncIterator[WatchEvent]:
+        """Events under `prefix` from `start_revision`; reconnects on transient errors."""
+        watch = self._client.watch
+        if watch is None:
+            raise Unavailable("etcd client is closed")
+        async for resp in watch.watch(
+            prefix, prefix_range_end(prefix), start_revision=start_revision
+        ):
+            for ev in resp.events:
+                kind = "delete" if ev.type == 1 else "put"
+                yield WatchEvent(kind, bytes(ev.kv.key), bytes(ev.kv.value), int(ev.kv.mod_revision))
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    return str(exc) or type(exc).__name__
+
+
+def read_key_sync(endpoint: str, key: bytes, timeout: float = 3.0) -> bytes | None:
+    """Read one key without an event loop (the synchronous client's discovery)."""
+    from etcd3aio._protobuf import KVStub, RangeRequest
+
+    parse_endpoint(endpoint)
+    with grpc.insecure_channel(endpoint) as channel:
+        try:
+            resp = KVStub(channel).Range(RangeRequest(key=key), timeout=timeout)
+        except grpc.RpcError as exc:
+            raise Unavailable(
+                f"cannot reach etcd at {endpoint} ({exc.code().name}); "  # type: ignore[attr-defined]
+                "start etcd or pass the right etcd=HOST:PORT"
+            ) from exc
+    return bytes(resp.kvs[0].value) if resp.kvs else None

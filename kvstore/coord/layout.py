@@ -1,0 +1,78 @@
+"""Where kvstore keeps its records in etcd.
+
+Every key lives under `/kvstore/<cluster>/`, so several clusters can share one etcd.
+etcd holds what must outlive any single process (who leads, which nodes are alive,
+live configuration), never one record per object: a busy store makes far more puts per
+second than etcd sustains.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+DEFAULT_CLUSTER = "default"
+
+
+class Layout:
+    def __init__(self, cluster: str = DEFAULT_CLUSTER) -> None:
+        self.root = f"/kvstore/{cluster}/".encode()
+
+    @property
+    def leader(self) -> bytes:
+        """Lease-bound; its create revision is the leader epoch."""
+        return self.root + b"leader"
+
+    @property
+    def masters(self) -> bytes:
+        return self.root + b"masters/"
+
+    def master(self, master_id: str) -> bytes:
+        return self.masters + master_id.encode()
+
+    @property
+    def nodes(self) -> bytes:
+        return self.root + b"nodes/"
+
+    def node(self, node_id: str) -> bytes:
+        return self.nodes + node_id.encode()
+
+    @property
+    def config(self) -> bytes:
+        return self.root + b"config/"
+
+
+@dataclass(frozen=True, slots=True)
+class MasterRecord:
+    master_id: str
+    address: str  # gRPC HOST:PORT
+    pid: int
+    metrics: str = ""
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> MasterRecord:
+        return cls(**json.loads(raw))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """What a store node announces: enough for a new leader to mount its segment."""
+
+    node_id: str
+    segment: str  # Transfer Engine segment name
+    base_addr: int
+    size: int
+    tier: str
+    pid: int
+    host: str
+    shm_path: str = ""  # same-host clients may map the segment from here
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> NodeRecord:
+        return cls(**json.loads(raw))

@@ -1,0 +1,162 @@
+"""`kvstore up`: a whole local cluster in the foreground, for development.
+
+Starts a private etcd (the `etcd` binary, data under --data-dir), one master and N store
+nodes, all on loopback, prints the endpoints and stops everything, in reverse order, on
+Ctrl-C or SIGTERM. If any process dies on its own, the rest are stopped too and the exit
+code says so.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvstore.errors import InvalidArgument, Unavailable
+
+
+@dataclass
+class UpOptions:
+    data_dir: Path = Path(".kvstore")
+    nodes: int = 1
+    dram: str = "1GiB"
+    etcd_port: int = 2379
+    master_port: int = 50051
+    metrics_port: int = 0
+    cluster: str = "default"
+    extra_master_args: list[str] = field(default_factory=list)
+    extra_store_args: list[str] = field(default_factory=list)
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def etcd_command(data_dir: Path, client_port: int, peer_port: int, name: str = "kvstore") -> list[str]:
+    binary = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
+    if binary is None:
+        raise Unavailable("the `etcd` binary is not installed; on Debian/Ubuntu run "
+                          "`apt-get install etcd-server` (or `make run`, which does it)")
+    client = f"http://127.0.0.1:{client_port}"
+    peer = f"http://127.0.0.1:{peer_port}"
+    return [
+        binary, "--name", name, "--data-dir", str(data_dir),
+        "--listen-client-urls", client, "--advertise-client-urls", client,
+        "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+        "--initial-cluster", f"{name}={peer}",
+        "--heartbeat-interval=50", "--election-timeout=500", "--log-level=warn",
+    ]
+
+
+def wait_for_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise Unavailable(f"{what} exited with code {proc.returncode} while starting")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise Unavailable(f"{what} did not open port {port} within {timeout:.0f} s")
+
+
+class DevCluster:
+    def __init__(self, opts: UpOptions) -> None:
+        self.opts = opts
+        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def start(self) -> None:
+        o = self.opts
+        for port, what in ((o.etcd_port, "etcd (--etcd-port)"), (o.master_port, "the master (--master-port)")):
+            if not port_is_free(port):
+                raise InvalidArgument(f"port {port} for {what} is in use; choose another port "
+                                      "or stop what holds it")
+        o.data_dir.mkdir(parents=True, exist_ok=True)
+        etcd = f"127.0.0.1:{o.etcd_port}"
+        logs = o.data_dir / "logs"
+        logs.mkdir(exist_ok=True)
+        proc = self._spawn("etcd", etcd_command(o.data_dir / "etcd", o.etcd_port, free_port()), logs)
+        wait_for_port(o.etcd_port, proc, "etcd")
+        kv = [sys.executable, "-m", "kvstore"]
+        master = [*kv, "master", "--etcd", etcd, "--listen", f"127.0.0.1:{o.master_port}",
+                  "--cluster", o.cluster, *o.extra_master_args]
+        if o.metrics_port:
+            master += ["--metrics-port", str(o.metrics_port)]
+        proc = self._spawn("master", master, logs)
+        wait_for_port(o.master_port, proc, "the master")
+        for i in range(o.nodes):
+            self._spawn(f"store-{i}", [*kv, "store", "--etcd", etcd, "--dram", o.dram,
+                                       "--cluster", o.cluster, "--node-id", f"node-{i}",
+                                       *o.extra_store_args], logs)
+
+    def _spawn(self, name: str, cmd: list[str], logs: Path) -> subprocess.Popen[bytes]:
+        log = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the child
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.procs.append((name, proc))
+        return proc
+
+    def wait(self) -> int:
+        """Block until a signal or until a child dies; return the exit code to use."""
+        stop = {"sig": 0}
+
+        def handler(signum: int, _frame: object) -> None:
+            stop["sig"] = signum
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+        while not stop["sig"]:
+            for name, proc in self.procs:
+                if proc.poll() is not None:
+                    print(f"kvstore up: {name} exited with code {proc.returncode}; stopping "
+                          f"the cluster (see {self.opts.data_dir / 'logs' / (name + '.log')})",
+                          file=sys.stderr)
+                    return 1
+            time.sleep(0.2)
+        return 0
+
+    def stop(self) -> None:
+        for _name, proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        self.procs.clear()
+
+
+def run_up(opts: UpOptions) -> int:
+    cluster = DevCluster(opts)
+    try:
+        cluster.start()
+        etcd = f"127.0.0.1:{opts.etcd_port}"
+        print(f"kvstore dev cluster is up (data in {opts.data_dir}, logs in {opts.data_dir / 'logs'})")
+        print(f"  etcd        {etcd}")
+        print(f"  master      127.0.0.1:{opts.master_port}")
+        print(f"  store nodes {opts.nodes} x {opts.dram} DRAM")
+        if opts.metrics_port:
+            print(f"  metrics     http://127.0.0.1:{opts.metrics_port}/metrics")
+        print(f'  client      KVStoreClient(etcd="{etcd}")')
+        print("Ctrl-C stops everything.", flush=True)
+        return cluster.wait()
+    finally:
+        cluster.stop()

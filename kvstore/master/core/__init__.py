@@ -1,0 +1,45 @@
+"""The master's core: object index, allocation, leases, eviction — no I/O.
+
+The gRPC server and the etcd layer drive a `MasterCore` by method calls and map its
+results onto messages; tests drive it with a `ManualClock`. See core.py for the rules.
+"""
+
+from .clock import Clock, ManualClock, MonotonicClock
+from .config import CoreConfig
+from .core import MasterCore
+from .results import (
+    CoreStats,
+    Event,
+    EventKind,
+    EvictionReport,
+    GetReplicasResult,
+    Location,
+    LookupResult,
+    NodeStats,
+    ObjectInfo,
+    PutStartResult,
+    ReadResult,
+    SegmentStats,
+    TickReport,
+)
+
+__all__ = [
+    "Clock",
+    "CoreConfig",
+    "CoreStats",
+    "Event",
+    "EventKind",
+    "EvictionReport",
+    "GetReplicasResult",
+    "Location",
+    "LookupResult",
+    "ManualClock",
+    "MasterCore",
+    "MonotonicClock",
+    "NodeStats",
+    "ObjectInfo",
+    "PutStartResult",
+    "ReadResult",
+    "SegmentStats",
+    "TickReport",
+]

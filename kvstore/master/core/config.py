@@ -1,0 +1,59 @@
+"""The knobs of the master core, checked once so the rest of the core can trust them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvstore.errors import InvalidArgument
+
+
+@dataclass
+class CoreConfig:
+    put_timeout: float = 30.0  # PENDING objects older than this are reclaimed
+    default_lease_ttl: float = 30.0
+    max_lease_ttl: float = 300.0  # a ttl above this is refused
+    evict_high: float = 0.90  # fraction of the DRAM pool's bytes
+    evict_low: float = 0.80
+    alignment: int = 64
+    default_replicas: int = 1
+    max_replicas: int = 8
+    max_batch: int = 65536  # keys per call
+    # Lease ids must not repeat across leaders: a client holding lease 7 from the old
+    # leader must not release someone else's lease 7 on the new one. The server sets
+    # this from its election epoch (for example `epoch << 40 | 1`).
+    first_lease_id: int = 1
+    # Events wait here until the I/O layer drains them; past this many the oldest are
+    # dropped (and counted) rather than letting an idle drainer grow memory forever.
+    max_events: int = 100_000
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.evict_low < self.evict_high <= 1.0:
+            raise InvalidArgument(
+                f"watermarks must satisfy 0 < evict_low < evict_high <= 1, "
+                f"got evict_low={self.evict_low} evict_high={self.evict_high}"
+            )
+        if not self.put_timeout > 0:
+            raise InvalidArgument(f"put_timeout must be > 0 seconds, got {self.put_timeout}")
+        if not self.max_lease_ttl > 0:
+            raise InvalidArgument(f"max_lease_ttl must be > 0 seconds, got {self.max_lease_ttl}")
+        if not 0 < self.default_lease_ttl <= self.max_lease_ttl:
+            raise InvalidArgument(
+                f"default_lease_ttl must be in (0, max_lease_ttl={self.max_lease_ttl}], "
+                f"got {self.default_lease_ttl}"
+            )
+        a = self.alignment
+        if not isinstance(a, int) or a < 8 or a & (a - 1):
+            raise InvalidArgument(f"alignment must be a power of two >= 8, got {a}")
+        if self.max_replicas < 1:
+            raise InvalidArgument(f"max_replicas must be >= 1, got {self.max_replicas}")
+        if not 1 <= self.default_replicas <= self.max_replicas:
+            raise InvalidArgument(
+                f"default_replicas must be in [1, max_replicas={self.max_replicas}], "
+                f"got {self.default_replicas}"
+            )
+        if not self.max_batch >= 1:
+            raise InvalidArgument(f"max_batch must be >= 1, got {self.max_batch}")
+        if not self.first_lease_id >= 1:
+            raise InvalidArgument(f"first_lease_id must be >= 1, got {self.first_lease_id}")
+        if not self.max_events >= 1:
+            raise InvalidArgument(f"max_events must be >= 1, got {self.max_events}")

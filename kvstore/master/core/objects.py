@@ -1,0 +1,152 @@
+"""The object index: key -> object, and every object's record, stored as columns.
+
+An object lives in a *slot*: a small integer that indexes parallel typed arrays (size,
+checksum, first replica, DRAM footprint, pin count, generation, two timestamps). The
+index maps each key to its slot.
+
+Why columns and not one slotted Python object per record: at a million objects a
+`__slots__` record with its int and float fields costs ~240 bytes before the key; the
+same fields as array columns cost ~50 bytes plus the dict entry. The master holds every
+object of the cluster in memory, so this is the difference between fitting and not.
+
+A slot is reused after its object goes, so anything that must refer to one particular
+object across calls (a lease) holds a *token*: slot and generation together. The
+generation of a slot changes every time it is freed, so a token of a removed object
+never matches the object that later takes its slot.
+
+States: `pins[slot] == PENDING` while the writer is still writing (not visible to
+readers); `pins[slot] >= 0` once COMPLETE, counting the leases that pin it. Slot 0 is
+never used so that 0 can serve as a sentinel (the LRU list's head).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable
+
+PENDING = -1
+_FREE = -2
+
+SLOT_BITS = 32
+SLOT_MASK = (1 << SLOT_BITS) - 1
+_GEN_MASK = 0xFFFFFFFF
+
+
+class PendingWrite:
+    """What only a PENDING object needs: who is writing it and until when."""
+
+    __slots__ = ("deadline", "writer")
+
+    def __init__(self, writer: str, deadline: float) -> None:
+        self.writer = writer
+        self.deadline = deadline
+
+
+class ObjectTable:
+    __slots__ = (
+        "_free_slots",
+        "checksum",
+        "created",
+        "extra",
+        "gen",
+        "index",
+        "key_of",
+        "pending",
+        "pins",
+        "size",
+        "space",
+        "touched",
+        "where",
+    )
+
+    def __init__(self) -> None:
+        self.index: dict[bytes, int] = {}
+        self.key_of: list[bytes | None] = [None]
+        self.size = array("q", [0])
+        self.checksum = array("Q", [0])
+        self.where = array("Q", [0])  # handle of the first replica
+        self.space = array("q", [0])  # DRAM bytes held across all replicas
+        self.pins = array("i", [_FREE])
+        self.gen = array("I", [0])
+        self.created = array("d", [0.0])
+        self.touched = array("d", [0.0])
+        # Replicas beyond the first, only for the objects that have them.
+        self.extra: dict[int, tuple[int, ...]] = {}
+        # PENDING objects in start order: deadlines are start + put_timeout, so the
+        # oldest come first and reclaiming stops at the first one still in time.
+        self.pending: dict[int, PendingWrite] = {}
+        self._free_slots: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @property
+    def slots(self) -> int:
+        """Slots ever allocated, the length every per-slot column must have."""
+        return len(self.key_of)
+
+    def new(
+        self, key: bytes, size: int, checksum: int, handles: Iterable[int], space: int,
+        now: float,
+    ) -> int:
+        """A new COMPLETE-less object: the caller sets `pins` (PENDING or 0)."""
+        first, *rest = handles
+        if self._free_slots:
+            s = self._free_slots.pop()
+            self.key_of[s] = key
+            self.size[s] = size
+            self.checksum[s] = checksum
+            self.where[s] = first
+            self.space[s] = space
+            self.pins[s] = PENDING
+            self.created[s] = now
+            self.touched[s] = now
+        else:
+            s = len(self.key_of)
+            if s > SLOT_MASK:
+                raise OverflowError("object slots exhausted")
+            self.key_of.append(key)
+            self.size.append(size)
+            self.checksum.append(checksum)
+            self.where.append(first)
+            self.space.append(space)
+            self.pins.append(PENDING)
+            self.gen.append(0)
+            self.created.append(now)
+            self.touched.append(now)
+        if rest:
+            self.extra[s] = tuple(rest)
+        self.index[key] = s
+        return s
+
+    def free(self, s: int) -> None:
+        key = self.key_of[s]
+        assert key is not None
+        del self.index[key]
+        self.key_of[s] = None
+        self.pins[s] = _FREE
+        self.gen[s] = (self.gen[s] + 1) & _GEN_MASK
+        self.extra.pop(s, None)
+        self.pending.pop(s, None)
+        self._free_slots.append(s)
+
+    def handles(self, s: int) -> tuple[int, ...]:
+        rest = self.extra.get(s)
+        return (self.where[s], *rest) if rest else (self.where[s],)
+
+    def set_handles(self, s: int, handles: tuple[int, ...]) -> None:
+        self.where[s] = handles[0]
+        if len(handles) > 1:
+            self.extra[s] = handles[1:]
+        else:
+            self.extra.pop(s, None)
+
+    def token(self, s: int) -> int:
+        return s | self.gen[s] << SLOT_BITS
+
+    def slot_of(self, token: int) -> int:
+        """The slot a token names, or 0 when that object is gone."""
+        s = token & SLOT_MASK
+        if self.gen[s] != token >> SLOT_BITS or self.pins[s] == _FREE:
+            return 0
+        return s

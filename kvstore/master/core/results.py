@@ -1,0 +1,147 @@
+"""What the core hands back: plain dataclasses the gRPC layer maps onto messages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from kvstore.errors import Code
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    node_id: str
+    segment: str  # the Transfer Engine segment name of the node (e.g. "127.0.0.1:15000")
+    addr: int  # absolute address = segment base_addr + offset
+    size: int
+    tier: str = "dram"
+
+
+@dataclass(slots=True)
+class PutStartResult:
+    # OK: space allocated, write every location then put_end. ALREADY_EXISTS: COMPLETE
+    # already (same key, same bytes): success, write nothing. IN_PROGRESS: PENDING by
+    # another writer. STORE_FULL, INVALID_ARGUMENT: see message.
+    code: Code
+    locations: list[Location]
+    message: str = ""
+
+
+@dataclass(slots=True)
+class ReadResult:
+    code: Code  # OK, NOT_FOUND, LEASE_NOT_FOUND (key not pinned by the given lease)
+    size: int = 0
+    checksum: int = 0
+    locations: list[Location] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class LookupResult:
+    count: int  # longest contiguous prefix of the keys that is COMPLETE
+    lease_id: int  # 0 when count == 0 (no lease created)
+    expires_at: float  # clock time; 0.0 when no lease
+
+
+@dataclass(slots=True)
+class GetReplicasResult:
+    lease_id: int
+    expires_at: float
+    results: list[ReadResult]
+
+
+class EventKind(StrEnum):
+    EVICTED = "evicted"  # LRU eviction dropped these COMPLETE objects
+    RECLAIMED = "reclaimed"  # PENDING objects whose writer vanished
+    NODE_LOST = "node_lost"  # objects gone with their last replica's node
+    REMOVED = "removed"  # explicit remove()
+
+
+@dataclass(slots=True)
+class Event:
+    kind: EventKind
+    keys: list[bytes]
+    bytes: int  # object bytes (sizes, not counting replicas)
+    node_id: str = ""  # NODE_LOST only
+
+
+@dataclass(slots=True)
+class TickReport:
+    expired_leases: int = 0
+    reclaimed: int = 0
+    evicted: int = 0
+    evicted_bytes: int = 0
+
+
+@dataclass(slots=True)
+class EvictionReport:
+    evicted: int
+    evicted_bytes: int  # object bytes dropped
+    used: int  # DRAM pool bytes in use afterwards
+    capacity: int
+    reached: bool  # used <= ratio * capacity afterwards
+    held: bool = False  # nothing evicted because of hold_eviction_until
+
+
+@dataclass(slots=True)
+class SegmentStats:
+    node_id: str
+    segment: str
+    tier: str
+    base_addr: int
+    capacity: int
+    used: int
+    free_largest: int  # largest free extent
+    replicas: int
+    pinned_replicas: int
+    pinned_bytes: int
+
+
+@dataclass(slots=True)
+class NodeStats:
+    """One node, summed over its segments (DRAM and, later, SSD)."""
+
+    capacity: int
+    used: int
+    objects: int  # replicas held by the node
+    pinned_objects: int
+    pinned_bytes: int
+    segments: list[SegmentStats]
+
+
+@dataclass(slots=True)
+class CoreStats:
+    objects_pending: int
+    objects_complete: int
+    bytes_pending: int  # object bytes (sizes)
+    bytes_complete: int
+    pool_capacity: int  # the DRAM pool, the one eviction watches
+    pool_used: int
+    pool_pinned: int  # DRAM bytes held by pinned objects, all replicas
+    pool_pending: int  # DRAM bytes held by PENDING objects, all replicas
+    active_leases: int
+    nodes: dict[str, NodeStats]
+    lookups: int
+    lookup_keys: int
+    hit_keys: int
+    leases_granted: int
+    leases_expired: int
+    leases_released: int
+    evictions: int
+    evicted_bytes: int
+    reclaimed_pending: int
+    put_failures: dict[str, int]
+    events_dropped: int
+    eviction_held_until: float  # 0.0 when never held
+
+
+@dataclass(slots=True)
+class ObjectInfo:
+    key: bytes
+    state: str  # "pending" or "complete"
+    size: int
+    checksum: int
+    locations: list[Location]
+    pins: int
+    last_access: float
+    created: float
+    writer: str = ""  # PENDING only

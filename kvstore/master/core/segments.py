@@ -1,0 +1,99 @@
+"""Mounted segments and the compact handle that names one replica's place in them.
+
+A store node mounts one DRAM segment (later also an SSD one). Each mount gets a fresh
+segment id that is never reused, so a replica handle that outlives its segment (the node
+left, or re-mounted with other geometry) can never alias a new segment's bytes.
+
+A replica is stored in the object index as one integer, `seg_id << OFFSET_BITS | offset`,
+instead of a Location object: 8 bytes in an array column rather than ~150 bytes of
+objects per replica. Locations are built only when a reader asks for them.
+"""
+
+from __future__ import annotations
+
+from .allocator import ExtentAllocator
+
+OFFSET_BITS = 44  # 16 TiB per segment
+OFFSET_MASK = (1 << OFFSET_BITS) - 1
+MAX_SEGMENT_ID = (1 << (64 - OFFSET_BITS)) - 1
+
+DRAM = "dram"
+
+
+class Segment:
+    """One mounted region of one store node, with its own allocator."""
+
+    __slots__ = (
+        "alloc",
+        "base_addr",
+        "name",
+        "node_id",
+        "replicas",
+        "seg_id",
+        "size",
+        "tier",
+    )
+
+    def __init__(
+        self, seg_id: int, node_id: str, name: str, base_addr: int, size: int, tier: str,
+        alignment: int,
+    ) -> None:
+        self.seg_id = seg_id
+        self.node_id = node_id
+        self.name = name
+        self.base_addr = base_addr
+        self.size = size
+        self.tier = tier
+        self.alloc = ExtentAllocator(size, alignment)
+        self.replicas = 0  # replicas (PENDING or COMPLETE) placed here
+
+    def same_geometry(self, name: str, base_addr: int, size: int) -> bool:
+        return self.name == name and self.base_addr == base_addr and self.size == size
+
+    def handle(self, offset: int) -> int:
+        return self.seg_id << OFFSET_BITS | offset
+
+
+class SegmentMap:
+    """Which segments are mounted, by id and by node."""
+
+    __slots__ = ("_next_id", "by_id", "by_node")
+
+    def __init__(self) -> None:
+        self.by_id: dict[int, Segment] = {}
+        self.by_node: dict[str, dict[str, Segment]] = {}  # node -> tier -> segment
+        self._next_id = 1
+
+    def add(
+        self, node_id: str, name: str, base_addr: int, size: int, tier: str, alignment: int
+    ) -> Segment:
+        if self._next_id > MAX_SEGMENT_ID:
+            raise OverflowError("segment ids exhausted; restart the master")
+        seg = Segment(self._next_id, node_id, name, base_addr, size, tier, alignment)
+        self._next_id += 1
+        self.by_id[seg.seg_id] = seg
+        self.by_node.setdefault(node_id, {})[tier] = seg
+        return seg
+
+    def remove_node(self, node_id: str) -> list[Segment]:
+        gone = list(self.by_node.pop(node_id, {}).values())
+        for seg in gone:
+            del self.by_id[seg.seg_id]
+        return gone
+
+    def remove(self, seg: Segment) -> None:
+        del self.by_id[seg.seg_id]
+        tiers = self.by_node[seg.node_id]
+        del tiers[seg.tier]
+        if not tiers:
+            del self.by_node[seg.node_id]
+
+    def get(self, node_id: str, tier: str) -> Segment | None:
+        tiers = self.by_node.get(node_id)
+        return tiers.get(tier) if tiers else None
+
+    def of_handle(self, handle: int) -> Segment:
+        return self.by_id[handle >> OFFSET_BITS]
+
+    def tier(self, tier: str) -> list[Segment]:
+        return [s for s in self.by_id.values() if s.tier == tier]

@@ -1,0 +1,103 @@
+"""Leader election through etcd: our own campaign, not etcd3aio's Election.
+
+A master grants an etcd lease, then tries to create the leader key bound to that lease
+in a transaction guarded by `create_revision == 0`. Whoever creates it leads; its create
+revision is the leader *epoch*, which only grows across leaders, so replies carrying it
+let clients and store nodes reject an old leader. The others watch the key and try again
+when it disappears (the leader's lease lapsed or it resigned).
+
+A leader whose lease is lost steps down at once: `on_lost` fires, and the daemon stops
+serving (it exits, so that its supervisor restarts it as a standby with a clean state).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from kvstore.coord.etcd import Etcd
+from kvstore.coord.layout import Layout, MasterRecord
+
+log = logging.getLogger(__name__)
+
+
+class Election:
+    def __init__(self, etcd: Etcd, layout: Layout, record: MasterRecord, ttl: int = 5) -> None:
+        self.etcd = etcd
+        self.layout = layout
+        self.record = record
+        self.ttl = ttl
+        self._is_leader = False
+        self._epoch = 0
+        self._leader_address = ""
+        self.lease_id = 0
+        self._keepalive: asyncio.Task[None] | None = None
+        self.lost = asyncio.Event()
+
+    @property
+    def is_leader(self) -> bool:
+        return self._is_leader and not self.lost.is_set()
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def leader_address(self) -> str:
+        return self._leader_address
+
+    def _on_lost(self) -> None:
+        if self._is_leader:
+            log.error("lost the etcd lease while leading (epoch %d): stepping down", self._epoch)
+        self._is_leader = False
+        self.lost.set()
+
+    async def register(self) -> None:
+        """Grant our lease, keep it alive and announce this master (leader or standby)."""
+        self.lease_id = await self.etcd.grant(self.ttl)
+        self._keepalive = asyncio.create_task(
+            self.etcd.keep_alive(self.lease_id, self.ttl, self._on_lost), name="master-lease"
+        )
+        await self.etcd.put(self.layout.master(self.record.master_id), self.record.encode(),
+                            lease=self.lease_id)
+
+    async def campaign(self, on_elected: Callable[[int], Awaitable[None]]) -> None:
+        """Return once elected (after `on_elected(epoch)` ran), or when the lease is lost."""
+        value = self.record.encode()
+        while not self.lost.is_set():
+            revision = await self.etcd.create_if_absent(self.layout.leader, value, self.lease_id)
+            if revision is not None:
+                self._epoch = revision
+                self._leader_address = self.record.address
+                log.info("elected leader, epoch %d", revision)
+                await on_elected(revision)
+                self._is_leader = True
+                return
+            current = await self.etcd.get_with_revision(self.layout.leader)
+            if current is None:
+                continue
+            raw, epoch = current
+            self._epoch = epoch
+            self._leader_address = MasterRecord.decode(raw).address
+            log.info("standby: leader is %s (epoch %d)", self._leader_address, epoch)
+            await self._wait_for_vacancy()
+
+    async def _wait_for_vacancy(self) -> None:
+        _, revision = await self.etcd.get_prefix(self.layout.leader)
+        async for ev in self.etcd.watch_prefix(self.layout.leader, start_revision=revision + 1):
+            if ev.kind == "delete" and ev.key == self.layout.leader:
+                return
+            if self.lost.is_set():
+                return
+
+    async def resign(self) -> None:
+        """Give the leadership up at once (clean shutdown), so a standby need not wait."""
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keepalive
+        self._is_leader = False
+        if self.lease_id:
+            await self.etcd.revoke(self.lease_id)

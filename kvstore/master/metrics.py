@@ -1,0 +1,99 @@
+"""Prometheus metrics of the master.
+
+RPC latency and errors are recorded as they happen; everything the core counts (objects,
+bytes, leases, evictions, put failures) is read from `MasterCore.stats()` at scrape time
+by a collector, so the core stays free of any metrics library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+_LATENCY_BUCKETS = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0
+)
+
+
+# Monotonic counters of CoreStats, exported as kvstore_master_<name>_total.
+_COUNTERS = ("lookups", "lookup_keys", "hit_keys", "leases_granted", "leases_expired",
+             "leases_released", "evictions", "evicted_bytes", "reclaimed_pending",
+             "put_failures")
+
+
+def counters(stats: Any) -> dict[str, Any]:
+    return {name: getattr(stats, name) for name in _COUNTERS}
+
+
+class MasterMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.rpc_latency = Histogram(
+            "kvstore_master_rpc_seconds", "Master RPC handling time by method",
+            ["method"], buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.rpc_errors = Counter(
+            "kvstore_master_rpc_errors_total", "Master RPCs that failed as a whole, by code",
+            ["method", "code"], registry=self.registry,
+        )
+
+    def watch_core(self, stats: Callable[[], Any], is_leader: Callable[[], bool],
+                   epoch: Callable[[], int]) -> None:
+        self.registry.register(_CoreCollector(stats, is_leader, epoch))
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+        start_http_server(port, addr=host, registry=self.registry)
+
+
+class _CoreCollector(Collector):
+    def __init__(self, stats: Callable[[], Any], is_leader: Callable[[], bool],
+                 epoch: Callable[[], int]) -> None:
+        self._stats = stats
+        self._is_leader = is_leader
+        self._epoch = epoch
+
+    def collect(self) -> Iterator[Any]:
+        yield GaugeMetricFamily("kvstore_master_is_leader", "1 if this master leads",
+                                value=1.0 if self._is_leader() else 0.0)
+        yield GaugeMetricFamily("kvstore_master_epoch", "Leader epoch (etcd create revision)",
+                                value=float(self._epoch()))
+        s = self._stats()
+        objects = GaugeMetricFamily("kvstore_master_objects", "Objects by state", labels=["state"])
+        objects.add_metric(["complete"], s.objects_complete)
+        objects.add_metric(["pending"], s.objects_pending)
+        yield objects
+        nbytes = GaugeMetricFamily("kvstore_master_object_bytes", "Object bytes by state",
+                                   labels=["state"])
+        nbytes.add_metric(["complete"], s.bytes_complete)
+        nbytes.add_metric(["pending"], s.bytes_pending)
+        yield nbytes
+        yield GaugeMetricFamily("kvstore_master_leases_active", "Leases currently held",
+                                value=s.active_leases)
+        cap = GaugeMetricFamily("kvstore_node_capacity_bytes", "Segment capacity per node",
+                                labels=["node", "tier"])
+        used = GaugeMetricFamily("kvstore_node_used_bytes", "Allocated bytes per node",
+                                 labels=["node", "tier"])
+        pinned = GaugeMetricFamily("kvstore_node_pinned_bytes", "Bytes pinned by leases per node",
+                                   labels=["node", "tier"])
+        for node in s.nodes.values():
+            for seg in node.segments:
+                cap.add_metric([seg.node_id, seg.tier], seg.capacity)
+                used.add_metric([seg.node_id, seg.tier], seg.used)
+                pinned.add_metric([seg.node_id, seg.tier], seg.pinned_bytes)
+        yield cap
+        yield used
+        yield pinned
+        for name, value in counters(s).items():
+            if isinstance(value, dict):
+                fam = CounterMetricFamily(f"kvstore_master_{name}", name.replace("_", " "),
+                                          labels=["reason"])
+                for reason, count in value.items():
+                    fam.add_metric([reason], count)
+                yield fam
+            else:
+                yield CounterMetricFamily(f"kvstore_master_{name}", name.replace("_", " "),
+                                          value=value)

@@ -1,0 +1,164 @@
+"""The store node process: owns a DRAM segment, serves it over the Transfer Engine.
+
+Life of a node:
+1. allocate the segment and register it with the Transfer Engine;
+2. announce itself in etcd under a key bound to its own etcd lease, so that its death
+   (crash, freeze longer than the lease, network loss) is seen by the master;
+3. mount the segment at the current leader (and again whenever the leader changes);
+4. on SIGTERM: unmount, delete the key, revoke the lease.
+
+If the etcd lease is lost while the process lives on (e.g. it was frozen), the master has
+already dropped this node's replicas; the node re-announces itself with a fresh lease and
+is mounted again as empty space. Stale bytes left in the segment are never served: the
+master no longer points at them, and every read is checked against its checksum.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import uuid
+from dataclasses import dataclass
+
+import grpc
+
+from kvstore.coord.etcd import Etcd
+from kvstore.coord.layout import Layout, MasterRecord, NodeRecord
+from kvstore.errors import KVStoreError
+from kvstore.store.segment import DramSegment
+from kvstore.transfer import Transfer
+from kvstore.v1 import master_pb2 as pb
+from kvstore.v1 import master_pb2_grpc as pbg
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StoreOptions:
+    etcd: str = "127.0.0.1:2379"
+    dram: int = 1 << 30
+    cluster: str = "default"
+    node_id: str = ""
+    host: str = "127.0.0.1"
+    protocol: str = "tcp"
+    device: str = ""
+    etcd_lease_ttl: int = 5
+    metrics_port: int = 0
+
+
+class StoreDaemon:
+    def __init__(self, opts: StoreOptions) -> None:
+        self.opts = opts
+        self.layout = Layout(opts.cluster)
+        self.node_id = opts.node_id or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        self.etcd = Etcd(opts.etcd)
+        self._stop = asyncio.Event()
+        self.segment: DramSegment | None = None
+        self.transfer: Transfer | None = None
+        self.lease_id = 0
+        self._lease_lost = asyncio.Event()
+
+    def _record(self) -> NodeRecord:
+        assert self.segment is not None and self.transfer is not None
+        return NodeRecord(
+            node_id=self.node_id, segment=self.transfer.segment_name,
+            base_addr=self.segment.base_addr, size=self.segment.size, tier="dram",
+            pid=os.getpid(), host=self.opts.host, shm_path=self.segment.shm_path,
+        )
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        await self.etcd.connect()
+        self.segment = DramSegment(self.opts.dram, name=f"kvstore-{self.node_id}")
+        self.transfer = Transfer(self.opts.host, self.opts.protocol, self.opts.device)
+        self.transfer.register(self.segment.base_addr, self.segment.size)
+        log.info("node %s: %d-byte segment registered as %s", self.node_id, self.segment.size,
+                 self.transfer.segment_name)
+        tasks = [
+            asyncio.create_task(self._announce_forever(), name="announce"),
+            asyncio.create_task(self._mount_at_leaders(), name="mount"),
+        ]
+        await self._stop.wait()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, KVStoreError):
+                await task
+        await self._leave()
+        return 0
+
+    async def _announce_forever(self) -> None:
+        """Hold a lease-bound announcement in etcd; re-announce if the lease is ever lost."""
+        while True:
+            self._lease_lost.clear()
+            try:
+                self.lease_id = await self.etcd.grant(self.opts.etcd_lease_ttl)
+                await self.etcd.put(self.layout.node(self.node_id), self._record().encode(),
+                                    lease=self.lease_id)
+            except Exception as exc:  # etcd down: keep trying, the node itself is fine
+                log.warning("announcing node in etcd failed (%s); retrying", exc)
+                await asyncio.sleep(1.0)
+                continue
+            log.info("node %s announced in etcd (lease %x)", self.node_id, self.lease_id)
+            await self.etcd.keep_alive(self.lease_id, self.opts.etcd_lease_ttl,
+                                       self._lease_lost.set)
+            log.warning("node %s lost its etcd lease; re-announcing", self.node_id)
+
+    async def _mount_at_leaders(self) -> None:
+        """Mount at the leader named in etcd; mount again whenever the leader changes."""
+        mounted_epoch = -1
+        while True:
+            try:
+                current = await self.etcd.get_with_revision(self.layout.leader)
+            except Exception as exc:
+                log.warning("reading the leader from etcd failed (%s)", exc)
+                current = None
+            if current is not None:
+                raw, epoch = current
+                if epoch != mounted_epoch:
+                    address = MasterRecord.decode(raw).address
+                    if await self._mount(address):
+                        mounted_epoch = epoch
+            await asyncio.sleep(0.5 if mounted_epoch < 0 else 2.0)
+
+    async def _mount(self, address: str) -> bool:
+        assert self.segment is not None and self.transfer is not None
+        req = pb.MountSegmentRequest(
+            node_id=self.node_id, segment=self.transfer.segment_name,
+            base_addr=self.segment.base_addr, size=self.segment.size, tier="dram",
+        )
+        try:
+            async with grpc.aio.insecure_channel(address) as channel:
+                reply = await pbg.MasterStub(channel).MountSegment(req, timeout=3.0)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("mounting at master %s failed: %s", address, exc.code().name)
+            return False
+        if reply.error.code:
+            log.warning("master %s refused the mount: %s", address, reply.error.message)
+            return False
+        log.info("node %s mounted at master %s (epoch %d)", self.node_id, address, reply.epoch)
+        return True
+
+    async def _leave(self) -> None:
+        """Clean stop: tell the leader first, so no reader is sent here after we are gone."""
+        with contextlib.suppress(Exception):
+            current = await self.etcd.get(self.layout.leader)
+            if current is not None:
+                address = MasterRecord.decode(current).address
+                async with grpc.aio.insecure_channel(address) as channel:
+                    await pbg.MasterStub(channel).UnmountSegment(
+                        pb.UnmountSegmentRequest(node_id=self.node_id), timeout=3.0)
+        with contextlib.suppress(Exception):
+            await self.etcd.delete(self.layout.node(self.node_id))
+        if self.lease_id:
+            await self.etcd.revoke(self.lease_id)
+        await self.etcd.close()
+        if self.transfer is not None:
+            self.transfer.close()
+        log.info("node %s stopped", self.node_id)

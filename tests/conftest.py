@@ -1,0 +1,164 @@
+"""Shared fixtures: real etcd, master and store-node processes on loopback.
+
+Processes that start a Mooncake Transfer Engine listen on every interface, whatever
+address they are given. `make test` therefore runs the suite inside a private network
+namespace that holds only loopback (`unshare -n`); the `cluster` fixture refuses to
+start outside one, so nothing a test starts is ever reachable from another host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+
+from kvstore.devcluster import etcd_command, free_port, wait_for_port
+from kvstore.v1 import master_pb2 as pb
+from kvstore.v1 import master_pb2_grpc as pbg
+
+
+def in_private_netns() -> bool:
+    return [name for _, name in socket.if_nameindex()] == ["lo"]
+
+
+def require_private_netns() -> None:
+    if not in_private_netns():
+        pytest.fail(
+            "this test starts Transfer Engines, which listen on all interfaces; run it "
+            "through `make test` (a private network namespace) or under "
+            "`unshare -n sh -c 'ip link set lo up && pytest ...'`",
+            pytrace=False,
+        )
+
+
+@dataclass
+class Proc:
+    name: str
+    cmd: list[str]
+    log: Path
+    popen: subprocess.Popen[bytes]
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.alive():
+            os.kill(self.popen.pid, sig)
+            if sig in (signal.SIGKILL, signal.SIGTERM):
+                try:
+                    self.popen.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    os.kill(self.popen.pid, signal.SIGKILL)
+                    self.popen.wait()
+
+
+@dataclass
+class Cluster:
+    """A running test cluster; every process is ours and stopped by pid."""
+
+    tmp: Path
+    etcd_port: int = 0
+    procs: list[Proc] = field(default_factory=list)
+    masters: list[tuple[Proc, str]] = field(default_factory=list)
+    stores: list[Proc] = field(default_factory=list)
+
+    @property
+    def etcd(self) -> str:
+        return f"127.0.0.1:{self.etcd_port}"
+
+    def spawn(self, name: str, cmd: list[str]) -> Proc:
+        log = self.tmp / f"{name}.log"
+        fh = open(log, "ab")  # noqa: SIM115
+        popen = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT)
+        proc = Proc(name, cmd, log, popen)
+        self.procs.append(proc)
+        return proc
+
+    def start_etcd(self) -> None:
+        self.etcd_port = free_port()
+        proc = self.spawn("etcd", etcd_command(self.tmp / "etcd", self.etcd_port, free_port()))
+        wait_for_port(self.etcd_port, proc.popen, "etcd")
+
+    def start_master(self, *extra: str) -> str:
+        port = free_port()
+        address = f"127.0.0.1:{port}"
+        proc = self.spawn(f"master-{len(self.masters)}", [
+            sys.executable, "-m", "kvstore", "master", "--etcd", self.etcd,
+            "--listen", address, *extra])
+        wait_for_port(port, proc.popen, "master")
+        self.masters.append((proc, address))
+        return address
+
+    def start_store(self, dram: str = "64MiB", *extra: str, node_id: str = "") -> Proc:
+        node_id = node_id or f"node-{len(self.stores)}"
+        proc = self.spawn(f"store-{node_id}", [
+            sys.executable, "-m", "kvstore", "store", "--etcd", self.etcd, "--dram", dram,
+            "--node-id", node_id, *extra])
+        self.stores.append(proc)
+        return proc
+
+    def status(self, address: str | None = None) -> pb.ClusterStatusResponse:
+        address = address or self.masters[0][1]
+        with grpc.insecure_channel(address) as ch:
+            return pbg.MasterStub(ch).ClusterStatus(pb.ClusterStatusRequest(), timeout=5)
+
+    def wait_nodes(self, n: int, timeout: float = 30.0, address: str | None = None) -> None:
+        deadline = time.monotonic() + timeout
+        last = -1
+        while time.monotonic() < deadline:
+            dead = [p.name for p in self.procs if not p.alive()]
+            if dead:
+                raise AssertionError(f"{dead} exited while the cluster started:\n" + self.logs())
+            try:
+                st = self.status(address)
+                last = len(st.nodes)
+                if last == n and not st.error.code:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"{n} nodes not mounted within {timeout}s (saw {last}); logs:\n"
+                             + self.logs())
+
+    def logs(self) -> str:
+        out = []
+        for p in self.procs:
+            with contextlib.suppress(OSError):
+                out.append(f"--- {p.name} ---\n" + p.log.read_text(errors="replace")[-3000:])
+        return "\n".join(out)
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.kill(signal.SIGTERM)
+
+
+@pytest.fixture
+def cluster_factory(tmp_path: Path) -> Iterator[Cluster]:
+    """An empty cluster with etcd started; the test adds masters and store nodes."""
+    require_private_netns()
+    c = Cluster(tmp_path)
+    c.start_etcd()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def cluster(cluster_factory: Cluster) -> Cluster:
+    """etcd + one master + two 512 MiB store nodes, all mounted."""
+    cluster_factory.start_master()
+    cluster_factory.start_store("512MiB")
+    cluster_factory.start_store("512MiB")
+    cluster_factory.wait_nodes(2)
+    return cluster_factory

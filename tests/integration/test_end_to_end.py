@@ -1,0 +1,82 @@
+"""The foundation path through real processes: etcd, master, two store nodes, client."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from kvstore_client import InvalidArgument, KVStoreClient, StoreFull, Unavailable
+
+from tests.conftest import Cluster
+
+
+def test_put_get_200_random_objects(cluster: Cluster) -> None:
+    rng = random.Random(7)
+    sizes = [1, 2, 63, 64, 65, 4096, 4 << 20] + [rng.randint(1, 4 << 20) for _ in range(193)]
+    objects = {f"obj-{i}".encode(): rng.randbytes(n) for i, n in enumerate(sizes)}
+    with KVStoreClient(etcd=cluster.etcd) as client:
+        for key, value in objects.items():
+            client.put(key, value)
+        for key, value in objects.items():
+            assert client.get(key) == value, key
+        keys = list(objects)
+        assert client.exists([*keys[:5], b"missing"]) == [True] * 5 + [False]
+        assert client.get(b"never-written") is None
+        assert client.remove(keys[0]) is True
+        assert client.remove(keys[0]) is False
+        assert client.get(keys[0]) is None
+        assert client.exists([keys[0]]) == [False]
+        # objects are spread over both nodes
+        status = cluster.status()
+        assert sorted(n.objects > 0 for n in status.nodes) == [True, True]
+    # a second client that never wrote anything reads the same bytes
+    with KVStoreClient(etcd=cluster.etcd) as reader:
+        for key in keys[1:20]:
+            assert reader.get(key) == objects[key]
+
+
+def test_batch_put_get_and_content_addressing(cluster: Cluster) -> None:
+    rng = random.Random(3)
+    keys = [f"b-{i}".encode() for i in range(64)]
+    values = [rng.randbytes(rng.randint(1, 256 << 10)) for _ in keys]
+    with KVStoreClient(etcd=cluster.etcd, buffer_size=1 << 20) as client:
+        assert client.put_many(keys, values) == [None] * len(keys)
+        # same key again: a no-op success, the first bytes stay
+        assert client.put_many(keys[:3], [b"other"] * 3) == [None] * 3
+        got = client.get_many([*keys, b"nope"])
+        assert got[:-1] == values
+        assert got[-1] is None
+
+
+def test_bad_input_is_typed_and_harmless(cluster: Cluster) -> None:
+    with KVStoreClient(etcd=cluster.etcd) as client:
+        client.put(b"keep", b"committed bytes")
+        with pytest.raises(InvalidArgument, match="empty key"):
+            client.put(b"", b"x")
+        with pytest.raises(InvalidArgument, match="1024-byte limit"):
+            client.put(b"k" * 1025, b"x")
+        with pytest.raises(InvalidArgument, match="empty value"):
+            client.put(b"k", b"")
+        assert client.get(b"keep") == b"committed bytes"
+    assert all(p.alive() for p in cluster.procs)
+
+
+def test_unknown_etcd_and_master_down(cluster_factory: Cluster) -> None:
+    from tests.conftest import free_port
+
+    with pytest.raises(Unavailable, match="cannot reach etcd"):
+        KVStoreClient(etcd=f"127.0.0.1:{free_port()}", timeout=2)
+    # etcd is up but no master was ever started
+    with pytest.raises(Unavailable, match="no kvstore master is registered"):
+        KVStoreClient(etcd=cluster_factory.etcd, timeout=2)
+    address = cluster_factory.start_master()
+    cluster_factory.start_store("16MiB")
+    cluster_factory.wait_nodes(1, address=address)
+    with KVStoreClient(etcd=cluster_factory.etcd, timeout=2) as client:
+        client.put(b"a", b"b")
+        with pytest.raises(StoreFull, match="larger than"):
+            client.put(b"huge", bytes(17 << 20))
+        assert client.get(b"a") == b"b"
+        cluster_factory.masters[0][0].kill()
+        with pytest.raises(Unavailable):
+            client.get(b"a")
