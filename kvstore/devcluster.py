@@ -84,7 +84,8 @@ class DevCluster:
 
     def start(self) -> None:
         o = self.opts
-        for port, what in ((o.etcd_port, "etcd (--etcd-port)"), (o.master_port, "the master (--master-port)")):
+        ports = ((o.etcd_port, "etcd (--etcd-port)"), (o.master_port, "the master (--master-port)"))
+        for port, what in ports:
             if not port_is_free(port):
                 raise InvalidArgument(f"port {port} for {what} is in use; choose another port "
                                       "or stop what holds it")

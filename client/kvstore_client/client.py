@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
+import numpy as np
 from typing_extensions import Buffer
 
 from kvstore.checksum import checksum
@@ -94,6 +95,7 @@ class KVStoreClient:
         self._connect()
         self._transfer = Transfer(host, protocol, device)
         self._staging = Staging(self._transfer, buffer_size)
+        self._regions: list[tuple[int, int]] = []
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -164,10 +166,9 @@ class KVStoreClient:
         raise Unavailable(f"{method} did not complete within {self.timeout:.1f} s")
 
     def _reconnect_quietly(self) -> None:
-        try:
+        # The next attempt reports the failure.
+        with contextlib.suppress(KVStoreError):
             self._connect()
-        except KVStoreError:
-            pass  # the next attempt reports the failure
 
     # -- small calls --------------------------------------------------------------------
 
@@ -203,7 +204,7 @@ class KVStoreClient:
         keys = _checked(keys)
         if len(keys) != len(values):
             raise InvalidArgument(f"put_many got {len(keys)} keys but {len(values)} values")
-        views = [memoryview(v).cast("B") for v in values]
+        views = [_byte_view(v) for v in values]
         for key, view in zip(keys, views, strict=True):
             if view.nbytes == 0:
                 raise InvalidArgument("empty value: store at least one byte", key=key)
@@ -232,13 +233,19 @@ class KVStoreClient:
             for loc in item.locations:
                 plan[loc.segment].append((self._staging.addr + offsets[i], loc.addr, loc.size))
         failed = self._run_transfers(plan, self._transfer.write)
+        self._finish_puts(keys, reply, started, failed, [v.nbytes for v in views], results, base)
+
+    def _finish_puts(self, keys: list[bytes], reply: pb.PutStartResponse, started: list[int],
+                     failed: dict[str, KVStoreError], sizes: list[int],
+                     results: list[KVStoreError | None], base: int) -> None:
+        """Commit what was written everywhere, revoke what was not."""
         commit: list[int] = []
         revoke: list[int] = []
         for i in started:
-            locs = reply.items[i].locations
-            if any(loc.segment in failed for loc in locs):
+            bad = [failed[loc.segment] for loc in reply.items[i].locations if loc.segment in failed]
+            if bad:
                 revoke.append(i)
-                results[base + i] = failed[next(loc.segment for loc in locs if loc.segment in failed)]
+                results[base + i] = bad[0]
             else:
                 commit.append(i)
         if revoke:
@@ -254,7 +261,7 @@ class KVStoreClient:
                         "its node was lost); put it again", key=keys[i])
                 else:
                     self.stats.puts += 1
-                    self.stats.bytes_written += views[i].nbytes
+                    self.stats.bytes_written += sizes[i]
 
     def _run_transfers(self, plan: dict[str, list[tuple[int, int, int]]],
                        op: Callable[[str, list[int], list[int], list[int]], None]
@@ -267,6 +274,137 @@ class KVStoreClient:
             except KVStoreError as exc:
                 failed[segment] = exc
         return failed
+
+    # -- leases -------------------------------------------------------------------------
+
+    def lookup(self, keys: Sequence[bytes], ttl: float | None = None) -> Lease:
+        """Pin the longest stored prefix of `keys` under a lease; `lease.count` says how many.
+
+        Until the lease is released or expires, the master evicts none of them: a reader
+        that saw `count` hits can load exactly those. Use it as a context manager.
+        """
+        keys = _checked(keys)
+        sent = time.monotonic()
+        reply = self._call("Lookup", pb.LookupRequest(keys=keys, lease_ttl=ttl or 0.0,
+                                                      holder=self.writer_id))
+        return Lease(reply.lease_id, keys[:reply.count], sent + reply.ttl_remaining, self)
+
+    def renew(self, lease: Lease, ttl: float | None = None) -> None:
+        if not lease.id:
+            return
+        sent = time.monotonic()
+        reply = self._call("RenewLease", pb.RenewLeaseRequest(lease_id=lease.id, ttl=ttl or 0.0))
+        lease.expires_at = sent + reply.ttl_remaining
+
+    def release(self, lease: Lease, keep_first: int | None = None) -> None:
+        """Unpin the lease's keys; with `keep_first=n`, keep the first n pinned."""
+        if not lease.id:
+            return
+        req = pb.ReleaseLeaseRequest(lease_id=lease.id)
+        if keep_first is not None:
+            if keep_first < 0:
+                raise InvalidArgument(f"keep_first must be >= 0, got {keep_first}")
+            req.keep_first_n = keep_first
+        self._call("ReleaseLease", req)
+        if keep_first is None or keep_first == 0:
+            lease.keys, lease.id = [], 0
+        else:
+            lease.keys = lease.keys[:keep_first]
+
+    # -- zero-copy ------------------------------------------------------------------------
+
+    def register(self, buffer: Any) -> None:
+        """Register memory (any contiguous buffer or a CPU torch tensor) for zero-copy
+        put_from/get_into. Slices of a registered buffer are usable too."""
+        addr, nbytes = buffer_address(buffer)
+        self._transfer.register(addr, nbytes)
+        self._regions.append((addr, addr + nbytes))
+
+    def unregister(self, buffer: Any) -> None:
+        addr, nbytes = buffer_address(buffer)
+        self._transfer.unregister(addr)
+        self._regions = [r for r in self._regions if r != (addr, addr + nbytes)]
+
+    def _registered(self, addr: int, nbytes: int) -> bool:
+        return any(lo <= addr and addr + nbytes <= hi for lo, hi in self._regions)
+
+    def put_from(self, keys: Sequence[bytes], buffers: Sequence[Any]) -> list[KVStoreError | None]:
+        """Like put_many, but bytes go straight from registered memory to the store."""
+        keys = _checked(keys)
+        if len(keys) != len(buffers):
+            raise InvalidArgument(f"put_from got {len(keys)} keys but {len(buffers)} buffers")
+        srcs = [self._dest(b) for b in buffers]
+        results: list[KVStoreError | None] = [None] * len(keys)
+        self._put_direct(keys, srcs, results)
+        return results
+
+    def get_into(self, keys: Sequence[bytes], buffers: Sequence[Any],
+                 lease: Lease | None = None) -> list[KVStoreError | None]:
+        """Read each object straight into its registered buffer (no intermediate copy).
+
+        Per key: None when the buffer holds the verified object, else the error
+        (NotFound, CorruptObject, Unavailable). With `lease`, only keys pinned by it are
+        read, and if the lease deadline passes before the transfer finishes the whole call
+        raises LeaseExpired, even if bytes arrived: they may belong to a reused range.
+        """
+        keys = _checked(keys)
+        if len(keys) != len(buffers):
+            raise InvalidArgument(f"get_into got {len(keys)} keys but {len(buffers)} buffers")
+        dests = [self._dest(b) for b in buffers]
+        out: list[KVStoreError | None] = [None] * len(keys)
+        sent = time.monotonic()
+        reply = self._call("GetReplicas", pb.GetReplicasRequest(
+            keys=keys, lease_id=lease.id if lease else 0, holder=self.writer_id))
+        deadline = lease.expires_at if lease else sent + reply.ttl_remaining
+        try:
+            found: list[tuple[int, pb.ReadItem]] = []
+            for i, item in enumerate(reply.items):
+                if item.code != Code.OK or not item.locations:
+                    out[i] = error_for(item.code or Code.NOT_FOUND, "not in the store"
+                                       if item.code in (Code.OK, Code.NOT_FOUND)
+                                       else "not pinned by this lease", key=keys[i])
+                elif item.size > dests[i].view.nbytes:
+                    out[i] = InvalidArgument(f"buffer of {dests[i].view.nbytes} bytes is smaller "
+                                             f"than the object ({item.size} bytes)", key=keys[i])
+                else:
+                    found.append((i, item))
+            errs = self._read_into(keys, found, [dests[i] for i, _ in found])
+            for (i, _), err in zip(found, errs, strict=True):
+                out[i] = err
+            if time.monotonic() > deadline:
+                raise LeaseExpired("the read lease expired before the transfer finished; "
+                                   "the bytes are not trusted (look the keys up again)")
+        finally:
+            if reply.lease_id and lease is None:
+                self._release_async(reply.lease_id)
+        return out
+
+    def _dest(self, buffer: Any) -> _Dest:
+        addr, nbytes = buffer_address(buffer)
+        if not self._registered(addr, nbytes):
+            raise InvalidArgument("buffer is not inside registered memory; call "
+                                  "client.register(buffer or the tensor it is a slice of) first")
+        return _Dest(addr, _byte_view(buffer))
+
+    def _put_direct(self, keys: list[bytes], srcs: list[_Dest],
+                    results: list[KVStoreError | None]) -> None:
+        sums = [checksum(d.view) for d in srcs]
+        reply = self._call("PutStart", pb.PutStartRequest(
+            keys=keys, sizes=[d.view.nbytes for d in srcs], checksums=sums,
+            replicas=self.replicas, writer=self.writer_id))
+        plan: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+        started: list[int] = []
+        for i, item in enumerate(reply.items):
+            if item.code == Code.ALREADY_EXISTS:
+                continue
+            if item.code != Code.OK:
+                results[i] = error_for(item.code, item.message, key=keys[i])
+                continue
+            started.append(i)
+            for loc in item.locations:
+                plan[loc.segment].append((srcs[i].addr, loc.addr, loc.size))
+        failed = self._run_transfers(plan, self._transfer.write)
+        self._finish_puts(keys, reply, started, failed, [d.view.nbytes for d in srcs], results, 0)
 
     # -- get ------------------------------------------------------------------------------
 
@@ -298,7 +436,8 @@ class KVStoreClient:
                   out: list[bytes | KVStoreError]) -> list[int]:
         """Read `todo` under one lease; returns the indexes worth one more try."""
         sent = time.monotonic()
-        reply = self._call("GetReplicas", pb.GetReplicasRequest(keys=[keys[i] for i in todo]))
+        reply = self._call("GetReplicas", pb.GetReplicasRequest(keys=[keys[i] for i in todo],
+                                                                holder=self.writer_id))
         deadline = sent + reply.ttl_remaining
         found = [(i, item) for i, item in zip(todo, reply.items, strict=True)
                  if item.code == Code.OK and item.locations]
@@ -307,7 +446,10 @@ class KVStoreClient:
             for lo, hi in self._staging.slices([item.size for _, item in found]):
                 part = found[lo:hi]
                 offsets = self._staging.layout([item.size for _, item in part])
-                self._read_part(keys, part, offsets, out, retry)
+                dests = [_Dest(self._staging.addr + off,
+                               self._staging.view[off:off + item.size])
+                         for off, (_, item) in zip(offsets, part, strict=True)]
+                errs = self._read_into(keys, part, dests)
                 if time.monotonic() > deadline:
                     # The lease lapsed before the bytes were in: the objects may have been
                     # evicted and their space reused, so what arrived is not trusted.
@@ -316,24 +458,31 @@ class KVStoreClient:
                                               "finished", key=keys[i])
                         retry.append(i)
                     break
+                for (i, _), dest, err in zip(part, dests, errs, strict=True):
+                    out[i] = err if err is not None else bytes(dest.view)
         finally:
             if reply.lease_id:
                 self._release_async(reply.lease_id)
         self.stats.gets += len(todo)
         return retry
 
-    def _read_part(self, keys: list[bytes], part: list[tuple[int, pb.ReadItem]],
-                   offsets: list[int], out: list[bytes | KVStoreError], retry: list[int]) -> None:
-        # Replica r of each object is tried in round r; most reads finish in round 0.
+    def _read_into(self, keys: list[bytes], part: list[tuple[int, pb.ReadItem]],
+                   dests: list[_Dest]) -> list[KVStoreError | None]:
+        """Read each object of `part` into its dest and verify it; per object the error.
+
+        Replica r of each object is tried in round r; most reads finish in round 0.
+        """
+        errs: list[KVStoreError | None] = [None] * len(part)
         remaining = list(range(len(part)))
-        for rnd in range(max((len(item.locations) for _, item in part), default=0)):
+        rounds = max((len(item.locations) for _, item in part), default=0)
+        for rnd in range(rounds):
             plan: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
             which: dict[str, list[int]] = defaultdict(list)
             for j in remaining:
-                _, item = part[j]
+                item = part[j][1]
                 if rnd < len(item.locations):
                     loc: cpb.Location = item.locations[rnd]
-                    plan[loc.segment].append((self._staging.addr + offsets[j], loc.addr, item.size))
+                    plan[loc.segment].append((dests[j].addr, loc.addr, item.size))
                     which[loc.segment].append(j)
             failed = self._run_transfers(plan, self._transfer.read)
             still: list[int] = []
@@ -341,27 +490,28 @@ class KVStoreClient:
                 for j in js:
                     i, item = part[j]
                     if segment in failed:
-                        out[i] = failed[segment]
+                        errs[j] = failed[segment]
                         still.append(j)
                         continue
-                    data = self._staging.view[offsets[j]:offsets[j] + item.size]
-                    if checksum(data) != item.checksum:
+                    if checksum(dests[j].view[:item.size]) != item.checksum:
                         self.stats.corrupt_reads += 1
-                        out[i] = CorruptObject(
+                        errs[j] = CorruptObject(
                             f"object read from {segment} does not match its checksum; "
                             "it is treated as missing", key=keys[i])
                         still.append(j)
                         continue
-                    out[i] = bytes(data)
+                    errs[j] = None
                     self.stats.hits += 1
                     self.stats.bytes_read += item.size
             remaining = still
             if not remaining:
                 break
         for j in remaining:
-            err = out[part[j][0]]
-            if isinstance(err, KVStoreError):
-                self.stats.errors[type(err).__name__] = self.stats.errors.get(type(err).__name__, 0) + 1
+            err = errs[j]
+            if err is not None:
+                name = type(err).__name__
+                self.stats.errors[name] = self.stats.errors.get(name, 0) + 1
+        return errs
 
     def _release_async(self, lease_id: int) -> None:
         """Release without waiting: the lease expires on its own if this is lost."""
@@ -369,6 +519,68 @@ class KVStoreClient:
         with contextlib.suppress(grpc.RpcError):
             self._stub.ReleaseLease.future(pb.ReleaseLeaseRequest(lease_id=lease_id),
                                            timeout=self.timeout)
+
+
+@dataclass(slots=True)
+class _Dest:
+    """Where one object's bytes come from or land: registered memory."""
+
+    addr: int
+    view: memoryview
+
+
+@dataclass
+class Lease:
+    """Pins on the first `count` keys of a lookup. Release it (or leave the `with`) once
+    loaded; it expires by itself at `expires_at` (this host's time.monotonic())."""
+
+    id: int
+    keys: list[bytes]
+    expires_at: float
+    _client: KVStoreClient | None = field(default=None, repr=False)
+
+    @property
+    def count(self) -> int:
+        return len(self.keys)
+
+    @property
+    def expired(self) -> bool:
+        return time.monotonic() > self.expires_at
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._client is not None and self.id:
+            with contextlib.suppress(LeaseExpired, Unavailable):
+                self._client.release(self)
+
+
+def buffer_address(buffer: Any) -> tuple[int, int]:
+    """(address, length in bytes) of a contiguous buffer or CPU torch tensor."""
+    if hasattr(buffer, "data_ptr") and hasattr(buffer, "element_size"):
+        if not buffer.is_contiguous():
+            raise InvalidArgument("tensor is not contiguous; pass a contiguous tensor or slice")
+        if buffer.device.type != "cpu":
+            raise InvalidArgument(f"tensors on {buffer.device} need the CUDA Transfer Engine "
+                                  "build (mooncake-transfer-engine)")
+        return int(buffer.data_ptr()), int(buffer.numel() * buffer.element_size())
+    arr = np.frombuffer(_byte_view(buffer), dtype=np.uint8)
+    return int(arr.ctypes.data), int(arr.nbytes)
+
+
+def _byte_view(buffer: Any) -> memoryview:
+    if hasattr(buffer, "data_ptr") and hasattr(buffer, "numpy"):
+        import torch
+
+        buffer = buffer.detach().reshape(-1).view(torch.uint8).numpy()
+    try:
+        view = memoryview(buffer)
+    except TypeError as exc:
+        raise InvalidArgument(f"{type(buffer).__name__} is not a buffer") from exc
+    if not view.contiguous:
+        raise InvalidArgument("buffer is not contiguous")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
 def _checked(keys: Sequence[bytes]) -> list[bytes]:

@@ -36,7 +36,7 @@ class Staging:
         self._array = np.empty(size, dtype=np.uint8)
         self.size = size
         self.addr = int(self._array.ctypes.data)
-        self.view = memoryview(self._array).cast("B")
+        self.view = memoryview(self._array.data).cast("B")
         self._transfer.register(self.addr, size)
 
     def slices(self, sizes: Sequence[int]) -> Iterator[tuple[int, int]]:

@@ -75,8 +75,8 @@ class MasterService(pbg.MasterServicer):
             reply = body()
             reply.epoch = epoch  # type: ignore[attr-defined]
         except KVStoreError as exc:
-            reply = response(error=cpb.Error(code=int(exc.code), message=exc.message),  # type: ignore[call-arg]
-                             epoch=epoch)
+            error = cpb.Error(code=int(exc.code), message=exc.message)  # type: ignore[arg-type]
+            reply = response(error=error, epoch=epoch)  # type: ignore[call-arg]
             self.metrics.rpc_errors.labels(name, exc.code.name).inc()
         self.metrics.rpc_latency.labels(name).observe(time.perf_counter() - t0)
         return reply
@@ -94,14 +94,14 @@ class MasterService(pbg.MasterServicer):
             )
             self._after_write()
             return pb.PutStartResponse(items=[
-                pb.PutStartItem(code=int(r.code), message=r.message,
+                pb.PutStartItem(code=int(r.code), message=r.message,  # type: ignore[arg-type]
                                 locations=_locations(r.locations))
                 for r in results
             ])
         return self._run("PutStart", pb.PutStartResponse, body)
 
     def _codes(self, codes: list[Code]) -> pb.CodesResponse:
-        return pb.CodesResponse(codes=[int(c) for c in codes])
+        return pb.CodesResponse(codes=[int(c) for c in codes])  # type: ignore[misc]
 
     async def PutEnd(self, request: pb.KeysRequest, context: Any) -> pb.CodesResponse:
         return self._run("PutEnd", pb.CodesResponse,
@@ -142,7 +142,7 @@ class MasterService(pbg.MasterServicer):
             return pb.GetReplicasResponse(
                 lease_id=r.lease_id,
                 ttl_remaining=self._ttl(r.expires_at),
-                items=[pb.ReadItem(code=int(i.code), size=i.size, checksum=i.checksum,
+                items=[pb.ReadItem(code=int(i.code), size=i.size, checksum=i.checksum,  # type: ignore[arg-type]
                                    locations=_locations(i.locations)) for i in r.results],
             )
         return self._run("GetReplicas", pb.GetReplicasResponse, body)

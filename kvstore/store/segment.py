@@ -8,6 +8,7 @@ TCP (the same-host fast path).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
@@ -41,8 +42,7 @@ class DramSegment:
 
     def close(self) -> None:
         self.view.release()
-        try:
+        # A ctypes view may still refer to the map; the process exit frees it then.
+        with contextlib.suppress(BufferError):
             self._map.close()
-        except BufferError:
-            pass  # a ctypes view still refers to it; the process exit frees it
         os.close(self.fd)
