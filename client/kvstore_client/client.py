@@ -14,7 +14,7 @@ import contextlib
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -40,9 +40,13 @@ from kvstore.transfer import Transfer
 from kvstore.v1 import common_pb2 as cpb
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
+from kvstore_client.local import LocalSegments
 from kvstore_client.staging import Staging
 
 R = TypeVar("R")
+
+# A store node as a transfer target: (Transfer Engine segment name, node id).
+Target = tuple[str, str]
 
 _GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -58,6 +62,7 @@ class ClientStats:
     bytes_written: int = 0
     bytes_read: int = 0
     corrupt_reads: int = 0
+    local_transfers: int = 0  # objects moved by the same-host fast path
     failovers: int = 0
     errors: dict[str, int] = field(default_factory=dict)
 
@@ -81,6 +86,7 @@ class KVStoreClient:
         host: str = "127.0.0.1",
         protocol: str = "tcp",
         device: str = "",
+        same_host: bool = True,
     ) -> None:
         self.etcd = etcd
         self.timeout = timeout
@@ -96,6 +102,9 @@ class KVStoreClient:
         self._transfer = Transfer(host, protocol, device)
         self._staging = Staging(self._transfer, buffer_size)
         self._regions: list[tuple[int, int]] = []
+        # Same-host fast path: segments of local store nodes are mapped and copied with
+        # memcpy instead of crossing TCP. Needs etcd (to learn where segments live).
+        self._local = LocalSegments(None if master else etcd, self._layout, enabled=same_host)
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -109,6 +118,8 @@ class KVStoreClient:
         if self._channel is not None:
             self._channel.close()
             self._channel = None
+        if getattr(self, "_local", None) is not None:
+            self._local.close()
         if getattr(self, "_staging", None) is not None:
             self._staging.close()
         if getattr(self, "_transfer", None) is not None:
@@ -220,7 +231,7 @@ class KVStoreClient:
             keys=keys, sizes=[v.nbytes for v in views], checksums=sums,
             replicas=self.replicas, writer=self.writer_id))
         offsets = self._staging.layout([v.nbytes for v in views])
-        plan: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+        plan: dict[Target, list[tuple[int, int, int]]] = defaultdict(list)
         started: list[int] = []
         for i, item in enumerate(reply.items):
             if item.code == Code.ALREADY_EXISTS:
@@ -231,18 +242,19 @@ class KVStoreClient:
             self._staging.view[offsets[i]:offsets[i] + views[i].nbytes] = views[i]
             started.append(i)
             for loc in item.locations:
-                plan[loc.segment].append((self._staging.addr + offsets[i], loc.addr, loc.size))
-        failed = self._run_transfers(plan, self._transfer.write)
+                plan[(loc.segment, loc.node_id)].append((self._staging.addr + offsets[i], loc.addr, loc.size))
+        failed = self._run_transfers(plan, write=True)
         self._finish_puts(keys, reply, started, failed, [v.nbytes for v in views], results, base)
 
     def _finish_puts(self, keys: list[bytes], reply: pb.PutStartResponse, started: list[int],
-                     failed: dict[str, KVStoreError], sizes: list[int],
+                     failed: dict[Target, KVStoreError], sizes: list[int],
                      results: list[KVStoreError | None], base: int) -> None:
         """Commit what was written everywhere, revoke what was not."""
         commit: list[int] = []
         revoke: list[int] = []
         for i in started:
-            bad = [failed[loc.segment] for loc in reply.items[i].locations if loc.segment in failed]
+            bad = [failed[t] for loc in reply.items[i].locations
+                   if (t := (loc.segment, loc.node_id)) in failed]
             if bad:
                 revoke.append(i)
                 results[base + i] = bad[0]
@@ -263,16 +275,26 @@ class KVStoreClient:
                     self.stats.puts += 1
                     self.stats.bytes_written += sizes[i]
 
-    def _run_transfers(self, plan: dict[str, list[tuple[int, int, int]]],
-                       op: Callable[[str, list[int], list[int], list[int]], None]
-                       ) -> dict[str, KVStoreError]:
-        failed: dict[str, KVStoreError] = {}
-        for segment, items in plan.items():
+    def _run_transfers(self, plan: dict[Target, list[tuple[int, int, int]]], write: bool
+                       ) -> dict[Target, KVStoreError]:
+        """Move every (local, remote, n) of the plan; per target node, the failure."""
+        failed: dict[Target, KVStoreError] = {}
+        for target, items in plan.items():
+            local = self._local.get(*target)
+            if local is not None and all(local.contains(r, n) for _, r, n in items):
+                for a, r, n in items:
+                    if write:
+                        local.write(r, a, n)
+                    else:
+                        local.read(a, r, n)
+                self.stats.local_transfers += len(items)
+                continue
+            op = self._transfer.write if write else self._transfer.read
             try:
-                op(segment, [a for a, _, _ in items], [b for _, b, _ in items],
+                op(target[0], [a for a, _, _ in items], [r for _, r, _ in items],
                    [n for _, _, n in items])
             except KVStoreError as exc:
-                failed[segment] = exc
+                failed[target] = exc
         return failed
 
     # -- leases -------------------------------------------------------------------------
@@ -392,7 +414,7 @@ class KVStoreClient:
         reply = self._call("PutStart", pb.PutStartRequest(
             keys=keys, sizes=[d.view.nbytes for d in srcs], checksums=sums,
             replicas=self.replicas, writer=self.writer_id))
-        plan: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+        plan: dict[Target, list[tuple[int, int, int]]] = defaultdict(list)
         started: list[int] = []
         for i, item in enumerate(reply.items):
             if item.code == Code.ALREADY_EXISTS:
@@ -402,8 +424,8 @@ class KVStoreClient:
                 continue
             started.append(i)
             for loc in item.locations:
-                plan[loc.segment].append((srcs[i].addr, loc.addr, loc.size))
-        failed = self._run_transfers(plan, self._transfer.write)
+                plan[(loc.segment, loc.node_id)].append((srcs[i].addr, loc.addr, loc.size))
+        failed = self._run_transfers(plan, write=True)
         self._finish_puts(keys, reply, started, failed, [d.view.nbytes for d in srcs], results, 0)
 
     # -- get ------------------------------------------------------------------------------
@@ -476,27 +498,28 @@ class KVStoreClient:
         remaining = list(range(len(part)))
         rounds = max((len(item.locations) for _, item in part), default=0)
         for rnd in range(rounds):
-            plan: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
-            which: dict[str, list[int]] = defaultdict(list)
+            plan: dict[Target, list[tuple[int, int, int]]] = defaultdict(list)
+            which: dict[Target, list[int]] = defaultdict(list)
             for j in remaining:
                 item = part[j][1]
                 if rnd < len(item.locations):
                     loc: cpb.Location = item.locations[rnd]
-                    plan[loc.segment].append((dests[j].addr, loc.addr, item.size))
-                    which[loc.segment].append(j)
-            failed = self._run_transfers(plan, self._transfer.read)
+                    plan[(loc.segment, loc.node_id)].append((dests[j].addr, loc.addr, item.size))
+                    which[(loc.segment, loc.node_id)].append(j)
+            failed = self._run_transfers(plan, write=False)
             still: list[int] = []
-            for segment, js in which.items():
+            for target, js in which.items():
                 for j in js:
                     i, item = part[j]
-                    if segment in failed:
-                        errs[j] = failed[segment]
+                    if target in failed:
+                        errs[j] = failed[target]
                         still.append(j)
                         continue
                     if checksum(dests[j].view[:item.size]) != item.checksum:
                         self.stats.corrupt_reads += 1
+                        self._local.forget(*target)
                         errs[j] = CorruptObject(
-                            f"object read from {segment} does not match its checksum; "
+                            f"object read from {target[0]} does not match its checksum; "
                             "it is treated as missing", key=keys[i])
                         still.append(j)
                         continue

@@ -207,3 +207,19 @@ def read_key_sync(endpoint: str, key: bytes, timeout: float = 3.0) -> bytes | No
                 "start etcd or pass the right etcd=HOST:PORT"
             ) from exc
     return bytes(resp.kvs[0].value) if resp.kvs else None
+
+
+def read_prefix_sync(endpoint: str, prefix: bytes, timeout: float = 3.0) -> list[bytes]:
+    """Values of every key under `prefix`, without an event loop."""
+    from etcd3aio._protobuf import KVStub, RangeRequest
+
+    parse_endpoint(endpoint)
+    with grpc.insecure_channel(endpoint) as channel:
+        try:
+            resp = KVStub(channel).Range(
+                RangeRequest(key=prefix, range_end=prefix_range_end(prefix)), timeout=timeout)
+        except grpc.RpcError as exc:
+            raise Unavailable(
+                f"cannot reach etcd at {endpoint} ({exc.code().name})"  # type: ignore[attr-defined]
+            ) from exc
+    return [bytes(kv.value) for kv in resp.kvs]

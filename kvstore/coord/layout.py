@@ -69,6 +69,8 @@ class NodeRecord:
     pid: int
     host: str
     shm_path: str = ""  # same-host clients may map the segment from here
+    shm_inode: int = 0  # ...if the file there is this memfd
+    boot_id: str = ""  # ...and they run under the same kernel boot
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()

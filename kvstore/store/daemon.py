@@ -29,7 +29,7 @@ import grpc
 from kvstore.coord.etcd import Etcd
 from kvstore.coord.layout import Layout, MasterRecord, NodeRecord
 from kvstore.errors import KVStoreError
-from kvstore.store.segment import DramSegment
+from kvstore.store.segment import DramSegment, boot_id
 from kvstore.transfer import Transfer
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
@@ -68,6 +68,7 @@ class StoreDaemon:
             node_id=self.node_id, segment=self.transfer.segment_name,
             base_addr=self.segment.base_addr, size=self.segment.size, tier="dram",
             pid=os.getpid(), host=self.opts.host, shm_path=self.segment.shm_path,
+            shm_inode=os.fstat(self.segment.fd).st_ino, boot_id=boot_id(),
         )
 
     async def run(self) -> int:

@@ -46,3 +46,12 @@ class DramSegment:
         with contextlib.suppress(BufferError):
             self._map.close()
         os.close(self.fd)
+
+
+def boot_id() -> str:
+    """This kernel boot's id: same-host clients compare it before mapping a segment."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""

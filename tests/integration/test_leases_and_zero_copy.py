@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import mmap
 import os
 import time
@@ -75,7 +76,8 @@ def test_lease_release_keep_first_and_renew(small: Cluster) -> None:
 
 
 def test_lease_that_expires_during_a_slow_read_raises(small: Cluster) -> None:
-    with KVStoreClient(etcd=small.etcd) as c:
+    # The slow transfer is simulated on the Transfer Engine path.
+    with KVStoreClient(etcd=small.etcd, same_host=False) as c:
         c.put(b"slow", _value(1, 4096))
         buf = bytearray(4096)
         c.register(buf)
@@ -121,3 +123,17 @@ def test_corrupted_segment_byte_is_detected(small: Cluster) -> None:
             c.get(b"victim")
         assert c.get_many([b"victim", b"bystander"]) == [None, _value(8, 8192)]
         assert c.stats.corrupt_reads >= 2
+
+
+def test_same_host_path_and_tcp_path_agree(small: Cluster) -> None:
+    rng = random.Random(11)
+    keys = [f"sh-{i}".encode() for i in range(24)]
+    values = [rng.randbytes(rng.randint(1, 512 << 10)) for _ in keys]
+    with KVStoreClient(etcd=small.etcd) as local, \
+            KVStoreClient(etcd=small.etcd, same_host=False) as tcp:
+        assert local.put_many(keys[:12], values[:12]) == [None] * 12
+        assert tcp.put_many(keys[12:], values[12:]) == [None] * 12
+        assert local.get_many(keys) == values
+        assert tcp.get_many(keys) == values
+        assert local.stats.local_transfers >= 36  # 12 puts + 24 gets went by memcpy
+        assert tcp.stats.local_transfers == 0
