@@ -14,10 +14,13 @@ from kvstore.errors import (
     StoreFull,
     Unavailable,
 )
-from kvstore_client.client import ClientStats, KVStoreClient
+from kvstore_client.aio import AsyncKVStoreClient
+from kvstore_client.client import KVStoreClient
+from kvstore_client.flows import ClientStats, Lease
 
 __all__ = [
     "AlreadyExists",
+    "AsyncKVStoreClient",
     "ClientStats",
     "Code",
     "CorruptObject",
@@ -25,6 +28,7 @@ __all__ = [
     "InvalidArgument",
     "KVStoreClient",
     "KVStoreError",
+    "Lease",
     "LeaseExpired",
     "LeaseNotFound",
     "NotFound",

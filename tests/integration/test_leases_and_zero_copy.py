@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import random
 import mmap
 import os
+import random
 import time
 
 import pytest
@@ -82,16 +82,16 @@ def test_lease_that_expires_during_a_slow_read_raises(small: Cluster) -> None:
         buf = bytearray(4096)
         c.register(buf)
         lease = c.lookup([b"slow"], ttl=1)
-        real_read = c._transfer.read
+        real_read = c._state.transfer.read
 
         def slow_read(*args: object) -> None:
             real_read(*args)  # type: ignore[arg-type]
             time.sleep(1.3)  # the bytes are here, but the lease lapsed meanwhile
 
-        c._transfer.read = slow_read  # type: ignore[method-assign]
+        c._state.transfer.read = slow_read  # type: ignore[method-assign]
         with pytest.raises(LeaseExpired):
             c.get_into([b"slow"], [buf], lease=lease)
-        c._transfer.read = real_read  # type: ignore[method-assign]
+        c._state.transfer.read = real_read  # type: ignore[method-assign]
         # with the lease gone at the master too, the next read under it is refused
         time.sleep(0.3)
         with pytest.raises(LeaseExpired):

@@ -1,0 +1,215 @@
+"""The asyncio client: runs the flows of `flows.py` on an event loop.
+
+Control calls use grpc.aio; data transfers (Transfer Engine batches or same-host
+memcpy) run in a worker thread so the loop keeps serving other tasks meanwhile.
+Operations that go through the shared staging buffer (put_many, get_many) take turns;
+zero-copy and control-only operations run concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import grpc
+
+from kvstore.coord.layout import Layout
+from kvstore.errors import Code, KVStoreError, NotFound, Unavailable
+from kvstore.transfer import Transfer
+from kvstore.v1 import master_pb2 as pb
+from kvstore.v1 import master_pb2_grpc as pbg
+from kvstore_client import flows
+from kvstore_client.control import ATTEMPTS, GRPC_OPTIONS, check_reply, discover, unanswered
+from kvstore_client.flows import ClientState, ClientStats, Flow, Lease, Move, Release, Rpc
+from kvstore_client.local import LocalSegments
+from kvstore_client.staging import Staging
+
+T = TypeVar("T")
+
+
+class AsyncKVStoreClient:
+    """`async with AsyncKVStoreClient(etcd=...) as store:` — same methods as KVStoreClient,
+    as coroutines."""
+
+    def __init__(
+        self,
+        etcd: str = "127.0.0.1:2379",
+        *,
+        master: str | None = None,
+        cluster: str = "default",
+        timeout: float = 10.0,
+        replicas: int = 0,
+        buffer_size: int = 64 << 20,
+        host: str = "127.0.0.1",
+        protocol: str = "tcp",
+        device: str = "",
+        same_host: bool = True,
+    ) -> None:
+        self.etcd = etcd
+        self.timeout = timeout
+        self._layout = Layout(cluster)
+        self._fixed_master = master
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: pbg.MasterStub | None = None
+        self.master_address = ""
+        transfer = Transfer(host, protocol, device)
+        self._state = ClientState(
+            transfer, Staging(transfer, buffer_size),
+            LocalSegments(None if master else etcd, self._layout, enabled=same_host),
+            uuid.uuid4().hex, replicas,
+        )
+        self._staging_turn = asyncio.Lock()
+        self._background: set[asyncio.Task[Any]] = set()
+
+    @property
+    def stats(self) -> ClientStats:
+        return self._state.stats
+
+    async def __aenter__(self) -> AsyncKVStoreClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        address = await asyncio.to_thread(discover, self.etcd, self._layout, self._fixed_master,
+                                          self.timeout)
+        if address != self.master_address or self._channel is None:
+            if self._channel is not None:
+                await self._channel.close()
+            self._channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+            self._stub = pbg.MasterStub(self._channel)
+            self.master_address = address
+
+    async def close(self) -> None:
+        if self._background:
+            await asyncio.wait(self._background, timeout=1.0)
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+        self._state.close()
+
+    async def _call(self, method: str, request: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        if self._stub is None:
+            await self.connect()
+        for attempt in range(ATTEMPTS):
+            assert self._stub is not None
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            try:
+                reply = await getattr(self._stub, method)(request, timeout=remaining)
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code()
+                retriable = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+                if retriable and attempt < ATTEMPTS - 1 and loop.time() < deadline:
+                    await asyncio.sleep(min(0.2 * (attempt + 1), max(0.0, deadline - loop.time())))
+                    await self._reconnect_quietly()
+                    continue
+                raise unanswered(method, self.master_address, code.name) from exc
+            if reply.error.code == Code.NOT_LEADER and attempt < ATTEMPTS - 1:
+                self.stats.failovers += 1
+                await self._reconnect_quietly()
+                continue
+            return check_reply(reply)
+        raise Unavailable(f"{method} did not complete within {self.timeout:.1f} s")
+
+    async def _reconnect_quietly(self) -> None:
+        with contextlib.suppress(KVStoreError):
+            await self.connect()
+
+    def _release_later(self, lease_id: int) -> None:
+        async def release() -> None:
+            with contextlib.suppress(KVStoreError):
+                await self._call("ReleaseLease", pb.ReleaseLeaseRequest(lease_id=lease_id))
+
+        task = asyncio.create_task(release())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _run(self, flow: Flow[T]) -> T:
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                step = flow.throw(error) if error is not None else flow.send(value)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            value, error = None, None
+            try:
+                if isinstance(step, Rpc):
+                    value = await self._call(step.method, step.request)
+                elif isinstance(step, Move):
+                    value = await asyncio.to_thread(self._state.run_transfers, step.plan,
+                                                    step.write)
+                elif isinstance(step, Release):
+                    self._release_later(step.lease_id)
+            except KVStoreError as exc:
+                error = exc
+
+    async def _run_staged(self, flow: Flow[T]) -> T:
+        async with self._staging_turn:
+            return await self._run(flow)
+
+    # -- the API (see KVStoreClient for each method's contract) ----------------------------
+
+    async def exists(self, keys: Sequence[bytes]) -> list[bool]:
+        return await self._run(flows.exists(keys))
+
+    async def remove(self, key: bytes) -> bool:
+        return (await self.remove_many([key]))[0] == Code.OK
+
+    async def remove_many(self, keys: Sequence[bytes], force: bool = False) -> list[Code]:
+        return await self._run(flows.remove_many(keys, force))
+
+    async def put(self, key: bytes, value: Any) -> None:
+        err = (await self.put_many([key], [value]))[0]
+        if err is not None:
+            raise err
+
+    async def put_many(self, keys: Sequence[bytes],
+                       values: Sequence[Any]) -> list[KVStoreError | None]:
+        return await self._run_staged(flows.put_many(self._state, keys, values))
+
+    async def get(self, key: bytes) -> bytes | None:
+        out = (await self._run_staged(flows.get_many(self._state, [key])))[0]
+        if isinstance(out, NotFound):
+            return None
+        if isinstance(out, KVStoreError):
+            raise out
+        return out
+
+    async def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        out = await self._run_staged(flows.get_many(self._state, keys))
+        return [None if isinstance(o, KVStoreError) else o for o in out]
+
+    async def lookup(self, keys: Sequence[bytes], ttl: float | None = None) -> Lease:
+        lease = await self._run(flows.lookup(self._state, keys, ttl))
+        lease._client = self
+        return lease
+
+    async def renew(self, lease: Lease, ttl: float | None = None) -> None:
+        await self._run(flows.renew(lease, ttl))
+
+    async def release(self, lease: Lease, keep_first: int | None = None) -> None:
+        await self._run(flows.release(lease, keep_first))
+
+    def register(self, buffer: Any) -> None:
+        self._state.register(buffer)
+
+    def unregister(self, buffer: Any) -> None:
+        self._state.unregister(buffer)
+
+    async def put_from(self, keys: Sequence[bytes],
+                       buffers: Sequence[Any]) -> list[KVStoreError | None]:
+        return await self._run(flows.put_from(self._state, keys, buffers))
+
+    async def get_into(self, keys: Sequence[bytes], buffers: Sequence[Any],
+                       lease: Lease | None = None) -> list[KVStoreError | None]:
+        return await self._run(flows.get_into(self._state, keys, buffers, lease))
