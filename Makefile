@@ -18,6 +18,8 @@ system-deps:
 	@missing=""; \
 	command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || missing="$$missing etcd-server"; \
 	ldconfig -p | grep -q 'libibverbs.so.1 ' || missing="$$missing libibverbs1"; \
+	ldconfig -p | grep -q 'libnuma.so.1 ' || missing="$$missing libnuma1"; \
+	ldconfig -p | grep -q 'libcurl.so.4 ' || missing="$$missing libcurl4"; \
 	command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \
 	command -v unshare >/dev/null 2>&1 || missing="$$missing util-linux"; \
 	if [ -n "$$missing" ]; then \

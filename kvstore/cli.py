@@ -41,7 +41,8 @@ def cmd_master(args: argparse.Namespace) -> int:
     )
     opts = MasterOptions(etcd=args.etcd, listen=args.listen, cluster=args.cluster,
                          master_id=args.master_id, etcd_lease_ttl=args.etcd_lease_ttl,
-                         metrics_port=args.metrics_port, core=core)
+                         metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+                         core=core)
     return _run_async(lambda: MasterDaemon(opts).run())
 
 
@@ -92,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--replicas", type=int, default=1, help="default replicas per object")
     m.add_argument("--etcd-lease-ttl", type=int, default=5)
     m.add_argument("--metrics-port", type=int, default=0, help="serve /metrics here (0: off)")
+    m.add_argument("--metrics-host", default="127.0.0.1",
+                   help="address /metrics listens on (the pod IP under Kubernetes)")
     m.set_defaults(func=cmd_master)
 
     s = sub.add_parser("store", help="run a store node")

@@ -42,6 +42,7 @@ class MasterOptions:
     master_id: str = ""
     etcd_lease_ttl: int = 5
     metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
     tick_interval: float = 0.1
     core: CoreConfig | None = None
 
@@ -55,7 +56,7 @@ class MasterDaemon:
         self.etcd = Etcd(opts.etcd)
         master_id = opts.master_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.record = MasterRecord(master_id=master_id, address=opts.listen, pid=os.getpid(),
-                                   metrics=f"127.0.0.1:{opts.metrics_port}" if opts.metrics_port else "")
+                                   metrics=f"{opts.metrics_host}:{opts.metrics_port}" if opts.metrics_port else "")
         self.election = Election(self.etcd, self.layout, self.record, ttl=opts.etcd_lease_ttl)
         self.service = MasterService(self.core, self.election, self.metrics)
         self.server: grpc.aio.Server | None = None
@@ -82,7 +83,7 @@ class MasterDaemon:
         self.metrics.watch_core(self.core.stats, lambda: self.election.is_leader,
                                 lambda: self.election.epoch)
         if self.opts.metrics_port:
-            self.metrics.serve(self.opts.metrics_port)
+            self.metrics.serve(self.opts.metrics_port, self.opts.metrics_host)
         await self.election.register()
         log.info("master %s listening on %s", self.record.master_id, self.opts.listen)
         campaign = asyncio.create_task(self.election.campaign(self._on_elected), name="campaign")
