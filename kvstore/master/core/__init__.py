@@ -19,6 +19,7 @@ from .results import (
     ObjectInfo,
     PutStartResult,
     ReadResult,
+    ReplicaChange,
     SegmentStats,
     TickReport,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "ObjectInfo",
     "PutStartResult",
     "ReadResult",
+    "ReplicaChange",
     "SegmentStats",
     "TickReport",
 ]

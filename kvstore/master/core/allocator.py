@@ -75,9 +75,7 @@ class ExtentAllocator:
             p_start = by_offset.keys()[i - 1]
             p_end = p_start + by_offset[p_start]
             if p_end > start:
-                raise Internal(
-                    f"double free of [{start}, {end}): overlaps free [{p_start}, {p_end})"
-                )
+                raise Internal(f"double free of [{start}, {end}): overlaps free [{p_start}, {p_end})")
             if p_end == start:
                 self._remove(p_start, p_end - p_start)
                 start = p_start
@@ -85,9 +83,7 @@ class ExtentAllocator:
         if i < len(by_offset):
             n_start = by_offset.keys()[i]
             if n_start < end:
-                raise Internal(
-                    f"double free of [{start}, {end}): overlaps free extent at {n_start}"
-                )
+                raise Internal(f"double free of [{start}, {end}): overlaps free extent at {n_start}")
             if n_start == end:
                 end = n_start + by_offset[n_start]
                 self._remove(n_start, end - n_start)

@@ -34,7 +34,7 @@ from .clock import Clock, MonotonicClock
 from .config import CoreConfig
 from .eviction import LruList
 from .leases import LeaseTable
-from .objects import PENDING, SLOT_BITS, ObjectTable, PendingWrite
+from .objects import PENDING, SLOT_BITS, SLOT_MASK, ObjectTable, PendingWrite
 from .placement import place
 from .results import (
     CoreStats,
@@ -48,6 +48,7 @@ from .results import (
     ObjectInfo,
     PutStartResult,
     ReadResult,
+    ReplicaChange,
     SegmentStats,
     TickReport,
 )
@@ -109,6 +110,9 @@ class MasterCore:
         self._evicted_bytes = 0
         self._reclaimed = 0
         self._put_failures: dict[str, int] = {}
+        # Replica journal for the store nodes' inventories; off (None) unless the
+        # daemon wants it, so that nothing accumulates in tests and benchmarks.
+        self.journal: list[ReplicaChange] | None = None
 
     # ------------------------------------------------------------------ membership
 
@@ -164,6 +168,8 @@ class MasterCore:
 
         `replicas` None or 0 means config.default_replicas; it is best effort: fewer
         nodes, or no room on enough distinct nodes, gives fewer (never zero) replicas.
+        When not even one fits, least recently used objects are evicted until it does;
+        STORE_FULL when pinned and PENDING objects leave no room.
         A repeated key in the batch gets the first occurrence's result.
         """
         n = len(keys)
@@ -225,6 +231,8 @@ class MasterCore:
                     t.pins[s] = 0
                     t.touched[s] = now
                     self._lru.push(s)
+                    if self.journal is not None:
+                        self._journal_replicas(s, k, True)
                     self._pending_space -= t.space[s]
                     self._pending_size -= t.size[s]
                     self._complete_size += t.size[s]
@@ -276,9 +284,7 @@ class MasterCore:
             out.append(s is not None and pins[s] >= 0)
         return out
 
-    def lookup(
-        self, keys: Sequence[bytes], lease_ttl: float | None = None, holder: str = ""
-    ) -> LookupResult:
+    def lookup(self, keys: Sequence[bytes], lease_ttl: float | None = None, holder: str = "") -> LookupResult:
         """Pin the longest contiguous COMPLETE prefix of `keys` under a new lease.
 
         A key repeated inside the prefix is pinned once per position, so trimming the
@@ -287,27 +293,28 @@ class MasterCore:
         self._check_batch(len(keys))
         ttl = self._ttl(lease_ttl)
         t = self._objects
-        index = t.index
+        get = t.index.get
         pins = t.pins
-        count = 0
+        slots: list[int] = []
+        hit = slots.append
         try:
             for key in keys:
-                s = index.get(key)
+                s = get(key)
                 if s is None or pins[s] < 0:
                     break
-                count += 1
+                hit(s)
         except TypeError:
             # An unhashable key (bytearray, list ...): retry with normalised keys.
             return self.lookup(self._hashable(keys), lease_ttl, holder)
+        count = len(slots)
         self._lookups += 1
         self._lookup_keys += len(keys)
         self._hit_keys += count
         if not count:
             return LookupResult(0, 0, 0.0)
         now = self.clock.now()
-        pinned = list(keys[:count])
-        tokens = self._pin_all(pinned, now)
-        lease = self._leases.grant(holder, pinned, tokens, ttl, now)
+        tokens = self._pin_slots(slots, now)
+        lease = self._leases.grant(holder, list(keys[:count]), tokens, ttl, now)
         self._leases_granted += 1
         return LookupResult(count, lease.lease_id, lease.expires_at)
 
@@ -339,8 +346,9 @@ class MasterCore:
 
         With a lease (id not None and not 0): only keys that lease pins get locations;
         others LEASE_NOT_FOUND; a pinned object since lost or force-removed NOT_FOUND.
-        Without: every COMPLETE key found is pinned under one new lease (lease_id 0
-        when none was found) so that the read is safe; missing keys NOT_FOUND.
+        Without: every COMPLETE key found is pinned under one new lease of `lease_ttl`
+        (lease_id 0 when none was found) so that the read is safe; missing keys
+        NOT_FOUND. Reading touches recency like a lookup does.
         """
         self._check_batch(len(keys))
         ttl = self._ttl(lease_ttl)
@@ -349,20 +357,23 @@ class MasterCore:
         results: list[ReadResult] = []
         if lease_id:
             lease = self._leases.get(lease_id, now)
+            touched = t.touched
+            read = self._read_result
             for key in keys:
-                k = _norm_key(key)
+                k = key if type(key) is bytes and 0 < len(key) <= MAX_KEY_BYTES else _norm_key(key)
                 if k is None:
                     results.append(ReadResult(Code.INVALID_ARGUMENT))
                     continue
                 token = lease.token_for(k)
-                s = t.slot_of(token) if token else 0
                 if not token:
                     results.append(ReadResult(Code.LEASE_NOT_FOUND))
-                elif not s:
+                    continue
+                s = t.slot_of(token)
+                if not s:
                     results.append(ReadResult(Code.NOT_FOUND))
-                else:
-                    t.touched[s] = now
-                    results.append(self._read_result(s))
+                    continue
+                touched[s] = now
+                results.append(read(s))
             return GetReplicasResult(lease.lease_id, lease.expires_at, results)
         found: list[bytes] = []
         for key in keys:
@@ -378,7 +389,8 @@ class MasterCore:
             results.append(self._read_result(slot))
         if not found:
             return GetReplicasResult(0, 0.0, results)
-        tokens = self._pin_all(found, now)
+        index = t.index
+        tokens = self._pin_slots([index[k] for k in found], now)
         lease = self._leases.grant(holder, found, tokens, ttl, now)
         self._leases_granted += 1
         return GetReplicasResult(lease.lease_id, lease.expires_at, results)
@@ -481,7 +493,12 @@ class MasterCore:
     # ------------------------------------------------------------------ failover seam
 
     def adopt_replica(
-        self, key: bytes, size: int, checksum: int, node_id: str, offset: int,
+        self,
+        key: bytes,
+        size: int,
+        checksum: int,
+        node_id: str,
+        offset: int,
         tier: str = "dram",
     ) -> Code:
         """Record a COMPLETE replica that already sits at `offset` of a mounted segment
@@ -492,9 +509,12 @@ class MasterCore:
         k = _norm_key(key)
         if (
             k is None
-            or not isinstance(size, int) or size <= 0
-            or not isinstance(checksum, int) or not 0 <= checksum < _MAX_CHECKSUM
-            or not isinstance(offset, int) or offset < 0
+            or not isinstance(size, int)
+            or size <= 0
+            or not isinstance(checksum, int)
+            or not 0 <= checksum < _MAX_CHECKSUM
+            or not isinstance(offset, int)
+            or offset < 0
         ):
             return Code.INVALID_ARGUMENT
         seg = self._segments.get(node_id, tier)
@@ -647,17 +667,14 @@ class MasterCore:
     def _check_batch(self, n: int) -> None:
         if n > self.config.max_batch:
             raise InvalidArgument(
-                f"batch of {n} keys is larger than max_batch={self.config.max_batch}; "
-                "split it"
+                f"batch of {n} keys is larger than max_batch={self.config.max_batch}; split it"
             )
 
     def _ttl(self, ttl: float | None) -> float:
         if ttl is None:
             return self.config.default_lease_ttl
         if not 0 < ttl <= self.config.max_lease_ttl:  # also refuses NaN
-            raise InvalidArgument(
-                f"lease ttl must be > 0 and <= {self.config.max_lease_ttl} s, got {ttl}"
-            )
+            raise InvalidArgument(f"lease ttl must be > 0 and <= {self.config.max_lease_ttl} s, got {ttl}")
         return float(ttl)
 
     @staticmethod
@@ -694,19 +711,23 @@ class MasterCore:
     def _pool_used(self) -> int:
         return sum(s.alloc.used_bytes for s in self._dram)
 
-    def _put_failed(self, reason: str, message: str, code: Code = Code.INVALID_ARGUMENT
-                    ) -> PutStartResult:
+    def _put_failed(self, reason: str, message: str, code: Code = Code.INVALID_ARGUMENT) -> PutStartResult:
         self._put_failures[reason] = self._put_failures.get(reason, 0) + 1
         return PutStartResult(code, [], message)
 
     def _put_one(
-        self, key: bytes, size: int, checksum: int, want: int, writer: str, now: float,
-        deadline: float, largest: int,
+        self,
+        key: bytes,
+        size: int,
+        checksum: int,
+        want: int,
+        writer: str,
+        now: float,
+        deadline: float,
+        largest: int,
     ) -> PutStartResult:
         if not isinstance(size, int) or size <= 0:
-            return self._put_failed(
-                "invalid_argument", f"object size must be > 0 bytes, got {size}"
-            )
+            return self._put_failed("invalid_argument", f"object size must be > 0 bytes, got {size}")
         if not isinstance(checksum, int) or not 0 <= checksum < _MAX_CHECKSUM:
             return self._put_failed(
                 "invalid_argument", f"checksum must be an unsigned 64-bit integer, got {checksum}"
@@ -727,9 +748,7 @@ class MasterCore:
                 Code.IN_PROGRESS,
             )
         if not self._dram:
-            return self._put_failed(
-                "no_segment", "no store node has mounted a DRAM segment", Code.STORE_FULL
-            )
+            return self._put_failed("no_segment", "no store node has mounted a DRAM segment", Code.STORE_FULL)
         if size > largest:
             return self._put_failed(
                 "too_large",
@@ -737,9 +756,7 @@ class MasterCore:
                 Code.STORE_FULL,
             )
         asize = (size + self._align_mask) & ~self._align_mask
-        placed = place(self._dram, asize, want)
-        if len(placed) < want:
-            placed += self._evict_for(asize, want - len(placed), placed, now)
+        placed = place(self._dram, asize, want) or self._evict_for(asize, want, now)
         if not placed:
             return self._put_failed("store_full", self._full_message(now), Code.STORE_FULL)
         handles = []
@@ -755,8 +772,7 @@ class MasterCore:
         self._pending_size += size
         return PutStartResult(
             Code.OK,
-            [Location(seg.node_id, seg.name, seg.base_addr + off, size, seg.tier)
-             for seg, off in placed],
+            [Location(seg.node_id, seg.name, seg.base_addr + off, size, seg.tier) for seg, off in placed],
         )
 
     def _full_message(self, now: float) -> str:
@@ -766,15 +782,18 @@ class MasterCore:
             f"pending, {free} bytes free in the largest free extent"
         )
         if now < self._hold_until:
-            msg += (
-                f"; eviction is held for {self._hold_until - now:.1f} s more after a "
-                "master failover"
-            )
+            msg += f"; eviction is held for {self._hold_until - now:.1f} s more after a master failover"
         return msg
 
     def _read_result(self, s: int) -> ReadResult:
         t = self._objects
-        return ReadResult(Code.OK, t.size[s], t.checksum[s], self._locations(s))
+        size = t.size[s]
+        h = t.where[s]
+        seg = self._segments.by_id[h >> OFFSET_BITS]
+        locations = [Location(seg.node_id, seg.name, seg.base_addr + (h & OFFSET_MASK), size, seg.tier)]
+        if s in t.extra:
+            locations = self._locations(s)
+        return ReadResult(Code.OK, size, t.checksum[s], locations)
 
     def _locations(self, s: int) -> list[Location]:
         t = self._objects
@@ -783,56 +802,75 @@ class MasterCore:
         out: list[Location] = []
         for h in t.handles(s):
             seg = by_id[h >> OFFSET_BITS]
-            out.append(
-                Location(seg.node_id, seg.name, seg.base_addr + (h & OFFSET_MASK), size, seg.tier)
-            )
+            out.append(Location(seg.node_id, seg.name, seg.base_addr + (h & OFFSET_MASK), size, seg.tier))
         return out
 
-    def _pin_all(self, keys: list[bytes], now: float) -> list[int]:
-        """Pin each key (all known COMPLETE) once; returns their tokens in order."""
+    def _pin_slots(self, slots: list[int], now: float) -> list[int]:
+        """Pin each slot (all COMPLETE) once; returns their tokens in order."""
         t = self._objects
-        index = t.index
         pins = t.pins
         gen = t.gen
         touched = t.touched
-        space = t.space
-        unlink = self._lru.unlink
         tokens: list[int] = []
-        newly_pinned = 0
-        for key in keys:
-            s = index[key]
+        token = tokens.append
+        newly: list[int] = []
+        for s in slots:
             p = pins[s]
             if p == 0:
-                unlink(s)
-                newly_pinned += space[s]
+                newly.append(s)
             pins[s] = p + 1
             touched[s] = now
-            tokens.append(s | gen[s] << SLOT_BITS)
-        self._pinned_space += newly_pinned
+            token(s | gen[s] << SLOT_BITS)
+        if newly:
+            self._lru.unlink_all(newly)
+            space = t.space
+            self._pinned_space += sum([space[s] for s in newly])
         return tokens
 
     def _unpin(self, tokens: Iterable[int]) -> None:
         t = self._objects
         pins = t.pins
-        slot_of = t.slot_of
-        push = self._lru.push
-        unpinned = 0
+        gen = t.gen
+        freed: list[int] = []
         for token in tokens:
-            s = slot_of(token)
-            if not s:
+            s = token & SLOT_MASK
+            if gen[s] != token >> SLOT_BITS:
                 continue  # force-removed or lost with its node since it was pinned
             p = pins[s] - 1
             pins[s] = p
             if p == 0:
-                push(s)
-                unpinned += t.space[s]
-        self._pinned_space -= unpinned
+                freed.append(s)
+        if freed:
+            self._lru.push_all(freed)
+            space = t.space
+            self._pinned_space -= sum([space[s] for s in freed])
+
+    def _journal_replicas(self, s: int, key: bytes, added: bool) -> None:
+        t = self._objects
+        by_id = self._segments.by_id
+        assert self.journal is not None
+        for h in t.handles(s):
+            seg = by_id.get(h >> OFFSET_BITS)
+            if seg is not None:
+                self.journal.append(ReplicaChange(seg.node_id, seg.tier, key, h & OFFSET_MASK,
+                                                  t.size[s], t.checksum[s], added))
+
+    def drain_replica_changes(self) -> list[ReplicaChange]:
+        """Replicas committed and freed since the last call (journal must be enabled)."""
+        if not self.journal:
+            return []
+        out, self.journal = self.journal, []
+        return out
 
     def _drop(self, s: int) -> None:
         """Forget an object and free its replicas on the segments still mounted."""
         t = self._objects
         size = t.size[s]
         by_id = self._segments.by_id
+        if self.journal is not None and t.pins[s] != PENDING:
+            key = t.key_of[s]
+            if key is not None:
+                self._journal_replicas(s, key, False)
         for h in t.handles(s):
             seg = by_id.get(h >> OFFSET_BITS)
             if seg is not None:
@@ -920,36 +958,23 @@ class MasterCore:
         if used > self.config.evict_high * self._pool_capacity:
             self._evict_until(self.config.evict_low * self._pool_capacity, used)
 
-    def _evict_for(
-        self, asize: int, need: int, placed: list[tuple[Segment, int]], now: float
-    ) -> list[tuple[Segment, int]]:
-        """Evict oldest-first until `need` more replicas of `asize` bytes fit on nodes
-        not already used. Pinned and PENDING objects are never on the LRU, so this
-        cannot touch them; it stops when the LRU is empty."""
+    def _evict_for(self, asize: int, want: int, now: float) -> list[tuple[Segment, int]]:
+        """Evict oldest-first until one replica of `asize` bytes fits, then place up to
+        `want`. Only the first replica is worth evicting for: extra replicas are best
+        effort, and evicting for them could empty the LRU while the other nodes are
+        full of pinned objects. Pinned and PENDING objects are never on the LRU, so
+        this cannot touch them; it gives up when the LRU is empty."""
         if now < self._hold_until:
             return []
-        used_nodes = {seg.node_id for seg, _ in placed}
         by_id = self._segments.by_id
-        got: list[tuple[Segment, int]] = []
-        while need > 0:
+        while True:
             _, handles = self._evict_oldest()
             if not handles:
-                break
+                return []
             for h in handles:
                 seg = by_id.get(h >> OFFSET_BITS)
-                if (
-                    seg is not None
-                    and seg.tier == DRAM
-                    and seg.node_id not in used_nodes
-                    and seg.alloc.largest_free() >= asize
-                ):
-                    more = place(self._dram, asize, need, used_nodes)
-                    for mseg, _ in more:
-                        used_nodes.add(mseg.node_id)
-                    got += more
-                    need -= len(more)
-                    break
-        return got
+                if seg is not None and seg.tier == DRAM and seg.alloc.largest_free() >= asize:
+                    return place(self._dram, asize, want)
 
     def _flush_evictions(self) -> None:
         if self._evicted_keys:

@@ -21,7 +21,7 @@ core; this module only keeps the order.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterable
 
 _OFF = -1  # not on the list
 _HEAD = 0  # sentinel slot: next[0] is the oldest, prev[0] the most recent
@@ -45,9 +45,6 @@ class LruList:
             self.prev.extend([_OFF] * extra)
             self.next.extend([_OFF] * extra)
 
-    def __contains__(self, s: int) -> bool:
-        return self.next[s] != _OFF
-
     def push(self, s: int) -> None:
         """Append at the most-recent end."""
         prev = self.prev
@@ -57,6 +54,21 @@ class LruList:
         self.next[last] = s
         prev[_HEAD] = s
         self._len += 1
+
+    def push_all(self, slots: Iterable[int]) -> None:
+        """push() for many slots, in order: releasing a lease unpins in bulk."""
+        prev = self.prev
+        nxt = self.next
+        last = prev[_HEAD]
+        n = 0
+        for s in slots:
+            prev[s] = last
+            nxt[last] = s
+            last = s
+            n += 1
+        nxt[last] = _HEAD
+        prev[_HEAD] = last
+        self._len += n
 
     def unlink(self, s: int) -> None:
         nxt = self.next
@@ -70,14 +82,21 @@ class LruList:
         self.prev[s] = _OFF
         self._len -= 1
 
+    def unlink_all(self, slots: Iterable[int]) -> None:
+        """unlink() for many slots, all on the list: the lookup path pins in bulk."""
+        prev = self.prev
+        nxt = self.next
+        n = 0
+        for s in slots:
+            a = prev[s]
+            b = nxt[s]
+            nxt[a] = b
+            prev[b] = a
+            nxt[s] = _OFF
+            prev[s] = _OFF
+            n += 1
+        self._len -= n
+
     def oldest(self) -> int:
         """The least recently used slot, or 0 when the list is empty."""
         return self.next[_HEAD]
-
-    def __iter__(self) -> Iterator[int]:
-        """Oldest first."""
-        nxt = self.next
-        s = nxt[_HEAD]
-        while s != _HEAD:
-            yield s
-            s = nxt[s]

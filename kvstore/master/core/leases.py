@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterator
 
 from kvstore.errors import LeaseExpired, LeaseNotFound
 
@@ -26,8 +25,13 @@ class Lease:
     __slots__ = ("_members", "expires_at", "granted_at", "holder", "keys", "lease_id", "tokens")
 
     def __init__(
-        self, lease_id: int, holder: str, keys: list[bytes], tokens: list[int],
-        granted_at: float, expires_at: float,
+        self,
+        lease_id: int,
+        holder: str,
+        keys: list[bytes],
+        tokens: list[int],
+        granted_at: float,
+        expires_at: float,
     ) -> None:
         self.lease_id = lease_id
         self.holder = holder
@@ -60,12 +64,7 @@ class LeaseTable:
     def __len__(self) -> int:
         return len(self._leases)
 
-    def __iter__(self) -> Iterator[Lease]:
-        return iter(self._leases.values())
-
-    def grant(
-        self, holder: str, keys: list[bytes], tokens: list[int], ttl: float, now: float
-    ) -> Lease:
+    def grant(self, holder: str, keys: list[bytes], tokens: list[int], ttl: float, now: float) -> Lease:
         lease = Lease(self._next_id, holder, keys, tokens, now, now + ttl)
         self._next_id += 1
         self._leases[lease.lease_id] = lease
@@ -78,9 +77,7 @@ class LeaseTable:
         lease = self._leases.get(lease_id)
         if lease is None:
             if lease_id in self._expired_ids:
-                raise LeaseExpired(
-                    f"lease {lease_id} expired; its objects may be gone, look them up again"
-                )
+                raise LeaseExpired(f"lease {lease_id} expired; its objects may be gone, look them up again")
             raise LeaseNotFound(
                 f"lease {lease_id} is unknown (released, or granted by another master); "
                 "look the keys up again"

@@ -4,10 +4,11 @@ An object lives in a *slot*: a small integer that indexes parallel typed arrays 
 checksum, first replica, DRAM footprint, pin count, generation, two timestamps). The
 index maps each key to its slot.
 
-Why columns and not one slotted Python object per record: at a million objects a
-`__slots__` record with its int and float fields costs ~240 bytes before the key; the
-same fields as array columns cost ~50 bytes plus the dict entry. The master holds every
-object of the cluster in memory, so this is the difference between fitting and not.
+Why columns and not one slotted Python object per record: a `__slots__` record with its
+own int and float objects costs ~240 bytes per object before the key; as array columns
+the same fields cost ~70 bytes, and the whole core ~145 bytes per object on top of the
+key's own ~100 (bench/master_memory.py, 1M objects). The master holds every object of
+the cluster in memory, so this decides how many objects one master can index.
 
 A slot is reused after its object goes, so anything that must refer to one particular
 object across calls (a lease) holds a *token*: slot and generation together. The
@@ -86,10 +87,15 @@ class ObjectTable:
         return len(self.key_of)
 
     def new(
-        self, key: bytes, size: int, checksum: int, handles: Iterable[int], space: int,
+        self,
+        key: bytes,
+        size: int,
+        checksum: int,
+        handles: Iterable[int],
+        space: int,
         now: float,
     ) -> int:
-        """A new COMPLETE-less object: the caller sets `pins` (PENDING or 0)."""
+        """Index a new object, PENDING until the caller says otherwise."""
         first, *rest = handles
         if self._free_slots:
             s = self._free_slots.pop()
@@ -140,9 +146,6 @@ class ObjectTable:
             self.extra[s] = handles[1:]
         else:
             self.extra.pop(s, None)
-
-    def token(self, s: int) -> int:
-        return s | self.gen[s] << SLOT_BITS
 
     def slot_of(self, token: int) -> int:
         """The slot a token names, or 0 when that object is gone."""

@@ -145,3 +145,16 @@ class ObjectInfo:
     last_access: float
     created: float
     writer: str = ""  # PENDING only
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaChange:
+    """One replica committed on (added) or freed from (not added) a node's segment."""
+
+    node_id: str
+    tier: str
+    key: bytes
+    offset: int
+    size: int
+    checksum: int
+    added: bool

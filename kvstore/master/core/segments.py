@@ -35,7 +35,13 @@ class Segment:
     )
 
     def __init__(
-        self, seg_id: int, node_id: str, name: str, base_addr: int, size: int, tier: str,
+        self,
+        seg_id: int,
+        node_id: str,
+        name: str,
+        base_addr: int,
+        size: int,
+        tier: str,
         alignment: int,
     ) -> None:
         self.seg_id = seg_id
@@ -64,9 +70,7 @@ class SegmentMap:
         self.by_node: dict[str, dict[str, Segment]] = {}  # node -> tier -> segment
         self._next_id = 1
 
-    def add(
-        self, node_id: str, name: str, base_addr: int, size: int, tier: str, alignment: int
-    ) -> Segment:
+    def add(self, node_id: str, name: str, base_addr: int, size: int, tier: str, alignment: int) -> Segment:
         if self._next_id > MAX_SEGMENT_ID:
             raise OverflowError("segment ids exhausted; restart the master")
         seg = Segment(self._next_id, node_id, name, base_addr, size, tier, alignment)
@@ -91,9 +95,6 @@ class SegmentMap:
     def get(self, node_id: str, tier: str) -> Segment | None:
         tiers = self.by_node.get(node_id)
         return tiers.get(tier) if tiers else None
-
-    def of_handle(self, handle: int) -> Segment:
-        return self.by_id[handle >> OFFSET_BITS]
 
     def tier(self, tier: str) -> list[Segment]:
         return [s for s in self.by_id.values() if s.tier == tier]
