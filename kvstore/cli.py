@@ -52,7 +52,7 @@ def cmd_store(args: argparse.Namespace) -> int:
     opts = StoreOptions(etcd=args.etcd, dram=parse_size(args.dram), cluster=args.cluster,
                         node_id=args.node_id, host=args.host, protocol=args.protocol,
                         device=args.device, etcd_lease_ttl=args.etcd_lease_ttl,
-                        metrics_port=args.metrics_port)
+                        metrics_port=args.metrics_port, listen=args.listen)
     return _run_async(lambda: StoreDaemon(opts).run())
 
 
@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--put-timeout", type=float, default=30.0,
                    help="seconds before an uncommitted put is reclaimed")
     m.add_argument("--lease-ttl", type=float, default=30.0, help="default read-lease TTL, s")
-    m.add_argument("--max-lease-ttl", type=float, default=300.0, help="cap on read-lease TTLs, s")
+    m.add_argument("--max-lease-ttl", type=float, default=60.0,
+                   help="cap on read-lease TTLs, s; also how long a new leader holds eviction")
     m.add_argument("--evict-high", type=float, default=0.90)
     m.add_argument("--evict-low", type=float, default=0.80)
     m.add_argument("--replicas", type=int, default=1, help="default replicas per object")
@@ -106,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="", help="RDMA NIC name(s) for --protocol rdma")
     s.add_argument("--etcd-lease-ttl", type=int, default=5)
     s.add_argument("--metrics-port", type=int, default=0)
+    s.add_argument("--listen", default="", help="the node's gRPC HOST:PORT (default: --host, free port)")
     s.set_defaults(func=cmd_store)
 
     u = sub.add_parser("up", help="run a local dev cluster (etcd + master + store nodes)")

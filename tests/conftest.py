@@ -47,11 +47,13 @@ class Proc:
     cmd: list[str]
     log: Path
     popen: subprocess.Popen[bytes]
+    signalled: bool = False  # a test stopped or paused it on purpose
 
     def alive(self) -> bool:
         return self.popen.poll() is None
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
+        self.signalled = True
         if self.alive():
             os.kill(self.popen.pid, sig)
             if sig in (signal.SIGKILL, signal.SIGTERM):
@@ -116,7 +118,7 @@ class Cluster:
         deadline = time.monotonic() + timeout
         last = -1
         while time.monotonic() < deadline:
-            dead = [p.name for p in self.procs if not p.alive()]
+            dead = [p.name for p in self.procs if not p.alive() and not p.signalled]
             if dead:
                 raise AssertionError(f"{dead} exited while the cluster started:\n" + self.logs())
             try:

@@ -17,12 +17,21 @@ from typing import Any, TypeVar
 import grpc
 
 from kvstore.coord.layout import Layout
-from kvstore.errors import Code, KVStoreError, NotFound, Unavailable
+from kvstore.errors import Code, KVStoreError, NotFound
 from kvstore.transfer import Transfer
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
 from kvstore_client import flows
-from kvstore_client.control import ATTEMPTS, GRPC_OPTIONS, check_reply, discover, unanswered
+from kvstore_client.control import (
+    GRPC_OPTIONS,
+    RETRIABLE,
+    backoff,
+    check_reply,
+    discover,
+    from_stale_leader,
+    timed_out,
+    unanswered,
+)
 from kvstore_client.flows import ClientState, ClientStats, Flow, Lease, Move, Release, Rpc
 from kvstore_client.local import LocalSegments
 from kvstore_client.staging import Staging
@@ -55,6 +64,7 @@ class AsyncKVStoreClient:
         self._channel: grpc.aio.Channel | None = None
         self._stub: pbg.MasterStub | None = None
         self.master_address = ""
+        self._epoch = 0
         transfer = Transfer(host, protocol, device)
         self._state = ClientState(
             transfer, Staging(transfer, buffer_size),
@@ -98,27 +108,27 @@ class AsyncKVStoreClient:
         deadline = loop.time() + self.timeout
         if self._stub is None:
             await self.connect()
-        for attempt in range(ATTEMPTS):
-            assert self._stub is not None
+        last = "no attempt"
+        for attempt in range(1 << 30):
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
+            assert self._stub is not None
             try:
                 reply = await getattr(self._stub, method)(request, timeout=remaining)
             except grpc.aio.AioRpcError as exc:
-                code = exc.code()
-                retriable = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-                if retriable and attempt < ATTEMPTS - 1 and loop.time() < deadline:
-                    await asyncio.sleep(min(0.2 * (attempt + 1), max(0.0, deadline - loop.time())))
-                    await self._reconnect_quietly()
-                    continue
-                raise unanswered(method, self.master_address, code.name) from exc
-            if reply.error.code == Code.NOT_LEADER and attempt < ATTEMPTS - 1:
+                if exc.code().name not in RETRIABLE:
+                    raise unanswered(method, self.master_address, exc.code().name) from exc
+                last = f"{self.master_address}: {exc.code().name}"
+            else:
+                if not from_stale_leader(reply, self._epoch):
+                    self._epoch = reply.epoch
+                    return check_reply(reply)
+                last = f"{self.master_address} is not the leader"
                 self.stats.failovers += 1
-                await self._reconnect_quietly()
-                continue
-            return check_reply(reply)
-        raise Unavailable(f"{method} did not complete within {self.timeout:.1f} s")
+            await asyncio.sleep(backoff(attempt, deadline - loop.time()))
+            await self._reconnect_quietly()
+        raise timed_out(method, self.timeout, last)
 
     async def _reconnect_quietly(self) -> None:
         with contextlib.suppress(KVStoreError):

@@ -11,12 +11,21 @@ from typing import Any, TypeVar
 import grpc
 
 from kvstore.coord.layout import Layout
-from kvstore.errors import Code, KVStoreError, NotFound, Unavailable
+from kvstore.errors import Code, KVStoreError, NotFound
 from kvstore.transfer import Transfer
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
 from kvstore_client import flows
-from kvstore_client.control import ATTEMPTS, GRPC_OPTIONS, check_reply, discover, unanswered
+from kvstore_client.control import (
+    GRPC_OPTIONS,
+    RETRIABLE,
+    backoff,
+    check_reply,
+    discover,
+    from_stale_leader,
+    timed_out,
+    unanswered,
+)
 from kvstore_client.flows import ClientState, ClientStats, Flow, Lease, Move, Release, Rpc
 from kvstore_client.local import LocalSegments
 from kvstore_client.staging import Staging
@@ -54,6 +63,7 @@ class KVStoreClient:
         self._channel: grpc.Channel | None = None
         self._stub: pbg.MasterStub | None = None
         self.master_address = ""
+        self._epoch = 0  # the newest leader epoch seen; older replies are refused
         self._connect()
         transfer = Transfer(host, protocol, device)
         self._state = ClientState(
@@ -95,29 +105,31 @@ class KVStoreClient:
             self.master_address = address
 
     def _call(self, method: str, request: Any) -> Any:
-        """One control round trip; follows the leader if it moved, within `timeout`."""
+        """One control round trip. Follows the leader across a failover, retrying with
+        bounded backoff, and fails with Unavailable once `timeout` has passed."""
         deadline = time.monotonic() + self.timeout
-        for attempt in range(ATTEMPTS):
-            assert self._stub is not None
+        last = "no attempt"
+        for attempt in range(1 << 30):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
+            assert self._stub is not None
             try:
                 reply = getattr(self._stub, method)(request, timeout=remaining)
             except grpc.RpcError as exc:
                 code = exc.code()  # type: ignore[attr-defined]
-                retriable = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-                if retriable and attempt < ATTEMPTS - 1 and time.monotonic() < deadline:
-                    time.sleep(min(0.2 * (attempt + 1), max(0.0, deadline - time.monotonic())))
-                    self._reconnect_quietly()
-                    continue
-                raise unanswered(method, self.master_address, code.name) from exc
-            if reply.error.code == Code.NOT_LEADER and attempt < ATTEMPTS - 1:
+                if code.name not in RETRIABLE:
+                    raise unanswered(method, self.master_address, code.name) from exc
+                last = f"{self.master_address}: {code.name}"
+            else:
+                if not from_stale_leader(reply, self._epoch):
+                    self._epoch = reply.epoch
+                    return check_reply(reply)
+                last = f"{self.master_address} is not the leader"
                 self.stats.failovers += 1
-                self._reconnect_quietly()
-                continue
-            return check_reply(reply)
-        raise Unavailable(f"{method} did not complete within {self.timeout:.1f} s")
+            time.sleep(backoff(attempt, deadline - time.monotonic()))
+            self._reconnect_quietly()
+        raise timed_out(method, self.timeout, last)
 
     def _reconnect_quietly(self) -> None:
         with contextlib.suppress(KVStoreError):  # the next attempt reports the failure

@@ -12,7 +12,22 @@ GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
 ]
-ATTEMPTS = 3
+RETRIABLE = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
+
+
+def backoff(attempt: int, remaining: float) -> float:
+    """Bounded exponential backoff between retries of one control call."""
+    return max(0.0, min(0.05 * 2**attempt, 1.0, remaining))
+
+
+def from_stale_leader(reply: Any, epoch: int) -> bool:
+    """A reply from a deposed leader (or a standby) is never used: look the leader up again."""
+    return bool(reply.error.code == Code.NOT_LEADER or reply.epoch < epoch)
+
+
+def timed_out(method: str, timeout: float, last: str) -> Unavailable:
+    return Unavailable(f"{method} could not complete within {timeout:.1f} s ({last}); the "
+                       "master may be failing over or down")
 
 
 def discover(etcd: str, layout: Layout, fixed: str | None, timeout: float) -> str:
@@ -29,8 +44,8 @@ def discover(etcd: str, layout: Layout, fixed: str | None, timeout: float) -> st
 
 
 def check_reply(reply: Any) -> Any:
-    """Raise the typed error a reply carries; NOT_LEADER is the caller's to handle."""
-    if reply.error.code and reply.error.code != Code.NOT_LEADER:
+    """Raise the typed error a reply carries."""
+    if reply.error.code:
         raise error_for(reply.error.code, reply.error.message)
     return reply
 

@@ -147,18 +147,22 @@ class Etcd:
             call.cancel()
         return 0
 
-    async def keep_alive(self, lease_id: int, ttl: int, on_lost: Callable[[], None]) -> None:
+    async def keep_alive(self, lease_id: int, ttl: int, on_lost: Callable[[], None],
+                         on_refresh: Callable[[float], None] | None = None) -> None:
         """Refresh `lease_id` every ttl/3 s until cancelled; call `on_lost` once if it dies.
 
         Runs as its own task so that it never waits behind bulk work on the same loop
         for longer than one scheduling slice. A refresh that fails transiently is retried
         until the lease's own deadline has passed: only then is the lease really gone.
+        `on_refresh(deadline)` gets a conservative local deadline (loop time) after each
+        refresh: counted from when the refresh was sent, so it ends before etcd's does.
         """
         loop = asyncio.get_running_loop()
         interval = max(ttl / 3.0, 0.2)
         deadline = loop.time() + ttl
         while True:
             await asyncio.sleep(interval)
+            sent = loop.time()
             try:
                 remaining = await self.refresh(lease_id)
             except (TimeoutError, grpc.aio.AioRpcError, Unavailable) as exc:
@@ -170,7 +174,9 @@ class Etcd:
             if remaining <= 0:
                 on_lost()
                 return
-            deadline = loop.time() + remaining
+            deadline = sent + remaining
+            if on_refresh is not None:
+                on_refresh(deadline)
 
     async def watch_prefix(self, prefix: bytes, start_revision: int = 0) -> AsyncIterator[WatchEvent]:
         """Events under `prefix` from `start_revision`; reconnects on transient errors."""

@@ -68,6 +68,7 @@ class NodeRecord:
     tier: str
     pid: int
     host: str
+    service: str = ""  # the node's gRPC address (inventory, tier commands)
     shm_path: str = ""  # same-host clients may map the segment from here
     shm_inode: int = 0  # ...if the file there is this memfd
     boot_id: str = ""  # ...and they run under the same kernel boot

@@ -12,18 +12,21 @@ import logging
 import os
 import signal
 import socket
+import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 
 from kvstore.coord.etcd import Etcd
 from kvstore.coord.layout import Layout, MasterRecord, NodeRecord
-from kvstore.errors import InvalidArgument, KVStoreError
+from kvstore.errors import Code, InvalidArgument, KVStoreError
 from kvstore.master.core import CoreConfig, MasterCore, MonotonicClock
 from kvstore.master.election import Election
 from kvstore.master.metrics import MasterMetrics
+from kvstore.master.nodes import NodeLinks
 from kvstore.master.service import MasterService, add_to_server
+from kvstore.v1 import store_pb2 as spb
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +58,12 @@ class MasterDaemon:
         self.metrics = MasterMetrics()
         self.etcd = Etcd(opts.etcd)
         master_id = opts.master_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        metrics = f"{opts.metrics_host}:{opts.metrics_port}" if opts.metrics_port else ""
         self.record = MasterRecord(master_id=master_id, address=opts.listen, pid=os.getpid(),
-                                   metrics=f"{opts.metrics_host}:{opts.metrics_port}" if opts.metrics_port else "")
+                                   metrics=metrics)
         self.election = Election(self.etcd, self.layout, self.record, ttl=opts.etcd_lease_ttl)
         self.service = MasterService(self.core, self.election, self.metrics)
+        self.links = NodeLinks(lambda: self.election.epoch)
         self.server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
@@ -80,7 +85,7 @@ class MasterDaemon:
         if port == 0:
             raise InvalidArgument(f"cannot listen on {self.opts.listen}; pick a free port with --listen")
         await self.server.start()
-        self.metrics.watch_core(self.core.stats, lambda: self.election.is_leader,
+        self.metrics.watch_core(lambda: self.core.stats(), lambda: self.election.is_leader,
                                 lambda: self.election.epoch)
         if self.opts.metrics_port:
             self.metrics.serve(self.opts.metrics_port, self.opts.metrics_host)
@@ -98,42 +103,81 @@ class MasterDaemon:
                 await task
         await self.server.stop(grace=0.5)
         await self.election.resign()
+        await self.links.close()
         await self.etcd.close()
         log.info("master stopped (exit %d)", code)
         return code
 
     async def _on_elected(self, epoch: int) -> None:
-        """Mount every live node before answering as leader, then follow membership."""
+        """Rebuild the index from the store nodes, then follow membership and tick.
+
+        Runs before this master answers as leader. Lease ids start at `epoch << 32` so
+        an id from an older leader never names one of ours. Pins the old leader held
+        are unknown here, so nothing is evicted for one maximum lease TTL if anything
+        was adopted (etcd's lessor does the same with Promote).
+        """
+        t0 = time.monotonic()
+        config = replace(self.opts.core or CoreConfig(), first_lease_id=epoch << 32)
+        self.core = self.service.core = MasterCore(config, MonotonicClock())
+        self.core.journal = []
         records, revision = await self.etcd.get_prefix(self.layout.nodes)
-        for _key, raw in records:
-            self._mount(raw)
+        nodes = [n for n in (self._mount(raw) for _key, raw in records) if n is not None]
+        adopted = sum(await asyncio.gather(*(self._adopt(n) for n in nodes)))
+        if adopted:
+            self.core.hold_eviction_until(self.core.clock.now() + config.max_lease_ttl)
+        log.info("leader epoch %d: index rebuilt from %d node(s), %d replica(s) adopted in "
+                 "%.2f s", epoch, len(nodes), adopted, time.monotonic() - t0)
         self._tasks.append(asyncio.create_task(self._follow_nodes(revision + 1), name="nodes"))
         self._tasks.append(asyncio.create_task(self._tick_loop(), name="tick"))
 
-    def _mount(self, raw: bytes) -> None:
+    def _mount(self, raw: bytes) -> str | None:
         try:
             node = NodeRecord.decode(raw)
             self.core.mount_segment(node.node_id, node.segment, node.base_addr, node.size,
                                     node.tier)
-            log.info("mounted node %s (%s, %d bytes)", node.node_id, node.segment, node.size)
         except (ValueError, TypeError, KeyError, KVStoreError) as exc:
             log.error("ignoring a bad node record in etcd (%s): %r", exc, raw[:200])
+            return None
+        self.links.set_node(node.node_id, node.service)
+        log.info("mounted node %s (%s, %d bytes)", node.node_id, node.segment, node.size)
+        return node.node_id
+
+    async def _adopt(self, node_id: str) -> int:
+        """Adopt what a node says it holds; returns how many replicas were taken."""
+        replicas = await self.links.inventory(node_id)
+        adopted = 0
+        for r in replicas or ():
+            code = self.core.adopt_replica(r.key, r.size, r.checksum, node_id, r.offset,
+                                           r.tier or "dram")
+            adopted += code == Code.OK
+        return adopted
 
     async def _follow_nodes(self, start_revision: int) -> None:
         async for ev in self.etcd.watch_prefix(self.layout.nodes, start_revision):
             if ev.kind == "put":
-                self._mount(ev.value)
+                node_id = self._mount(ev.value)
+                if node_id is not None:
+                    await self._adopt(node_id)
             else:
                 node_id = ev.key[len(self.layout.nodes):].decode(errors="replace")
-                lost = self.core.unmount_node(node_id)
-                log.warning("node %s is gone (etcd lease ended); %d objects lost their last "
-                            "replica", node_id, len(lost))
+                gone = self.core.unmount_node(node_id)
+                self.links.drop_node(node_id)
+                log.warning("node %s is gone (etcd lease ended); %d objects went with it",
+                            node_id, len(gone))
 
     async def _tick_loop(self) -> None:
+        flush: asyncio.Task[None] | None = None
         while True:
             await asyncio.sleep(self.opts.tick_interval)
             try:
                 self.core.tick()
                 self.core.drain_events()
+                for c in self.core.drain_replica_changes():
+                    self.links.queue(c.node_id, spb.Replica(
+                        key=c.key, offset=c.offset, size=c.size, checksum=c.checksum,
+                        tier=c.tier), c.added)
+                # Deltas go out in the background: a slow node never delays the tick.
+                if flush is None or flush.done():
+                    flush = asyncio.create_task(self.links.flush())
             except Exception:  # the loop must survive a bug in one tick
                 log.exception("master tick failed")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from kvstore.coord.etcd import Etcd
@@ -35,10 +36,19 @@ class Election:
         self.lease_id = 0
         self._keepalive: asyncio.Task[None] | None = None
         self.lost = asyncio.Event()
+        # When our etcd lease ends at the latest, by our own clock. A leader paused past
+        # it (SIGSTOP, a long GC) must not answer even one call before its keepalive
+        # task runs again and finds the lease gone: standbys may already lead.
+        self._lease_deadline = 0.0
 
     @property
     def is_leader(self) -> bool:
-        return self._is_leader and not self.lost.is_set()
+        if not self._is_leader or self.lost.is_set():
+            return False
+        if time.monotonic() >= self._lease_deadline:
+            self._on_lost()
+            return False
+        return True
 
     @property
     def epoch(self) -> int:
@@ -54,11 +64,18 @@ class Election:
         self._is_leader = False
         self.lost.set()
 
+    def _refreshed(self, loop_deadline: float) -> None:
+        # keep_alive reports loop time; asyncio's default loop clock is time.monotonic.
+        self._lease_deadline = loop_deadline
+
     async def register(self) -> None:
         """Grant our lease, keep it alive and announce this master (leader or standby)."""
+        granted = time.monotonic()
         self.lease_id = await self.etcd.grant(self.ttl)
+        self._lease_deadline = granted + self.ttl
         self._keepalive = asyncio.create_task(
-            self.etcd.keep_alive(self.lease_id, self.ttl, self._on_lost), name="master-lease"
+            self.etcd.keep_alive(self.lease_id, self.ttl, self._on_lost, self._refreshed),
+            name="master-lease",
         )
         await self.etcd.put(self.layout.master(self.record.master_id), self.record.encode(),
                             lease=self.lease_id)

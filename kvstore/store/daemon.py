@@ -28,11 +28,14 @@ import grpc
 
 from kvstore.coord.etcd import Etcd
 from kvstore.coord.layout import Layout, MasterRecord, NodeRecord
-from kvstore.errors import KVStoreError
+from kvstore.errors import InvalidArgument, KVStoreError
+from kvstore.store.inventory import Inventory
 from kvstore.store.segment import DramSegment, boot_id
+from kvstore.store.service import StoreNodeService
 from kvstore.transfer import Transfer
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
+from kvstore.v1 import store_pb2_grpc as spbg
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,7 @@ class StoreOptions:
     device: str = ""
     etcd_lease_ttl: int = 5
     metrics_port: int = 0
+    listen: str = ""  # the node's gRPC address; default: --host with a free port
 
 
 class StoreDaemon:
@@ -61,13 +65,17 @@ class StoreDaemon:
         self.transfer: Transfer | None = None
         self.lease_id = 0
         self._lease_lost = asyncio.Event()
+        self.inventory = Inventory()
+        self.server: grpc.aio.Server | None = None
+        self.service_address = ""
 
     def _record(self) -> NodeRecord:
         assert self.segment is not None and self.transfer is not None
         return NodeRecord(
             node_id=self.node_id, segment=self.transfer.segment_name,
             base_addr=self.segment.base_addr, size=self.segment.size, tier="dram",
-            pid=os.getpid(), host=self.opts.host, shm_path=self.segment.shm_path,
+            pid=os.getpid(), host=self.opts.host, service=self.service_address,
+            shm_path=self.segment.shm_path,
             shm_inode=os.fstat(self.segment.fd).st_ino, boot_id=boot_id(),
         )
 
@@ -81,6 +89,7 @@ class StoreDaemon:
         self.transfer.register(self.segment.base_addr, self.segment.size)
         log.info("node %s: %d-byte segment registered as %s", self.node_id, self.segment.size,
                  self.transfer.segment_name)
+        await self._serve()
         tasks = [
             asyncio.create_task(self._announce_forever(), name="announce"),
             asyncio.create_task(self._mount_at_leaders(), name="mount"),
@@ -93,6 +102,19 @@ class StoreDaemon:
                 await task
         await self._leave()
         return 0
+
+    async def _serve(self) -> None:
+        self.server = grpc.aio.server()
+        spbg.add_StoreNodeServicer_to_server(StoreNodeService(self.node_id, self.inventory),
+                                             self.server)
+        listen = self.opts.listen or f"{self.opts.host}:0"
+        try:
+            port = self.server.add_insecure_port(listen)
+        except RuntimeError as exc:
+            raise InvalidArgument(f"cannot listen on {listen} ({exc}); pick a free --listen") from exc
+        host = listen.rpartition(":")[0]
+        self.service_address = f"{host}:{port}"
+        await self.server.start()
 
     async def _announce_forever(self) -> None:
         """Hold a lease-bound announcement in etcd; re-announce if the lease is ever lost."""
@@ -109,6 +131,9 @@ class StoreDaemon:
             log.info("node %s announced in etcd (lease %x)", self.node_id, self.lease_id)
             await self.etcd.keep_alive(self.lease_id, self.opts.etcd_lease_ttl,
                                        self._lease_lost.set)
+            # The master dropped our replicas when the lease ended; so do we, or a later
+            # leader would adopt ranges it has since handed out again.
+            self.inventory.clear()
             log.warning("node %s lost its etcd lease; re-announcing", self.node_id)
 
     async def _mount_at_leaders(self) -> None:
@@ -160,6 +185,8 @@ class StoreDaemon:
         if self.lease_id:
             await self.etcd.revoke(self.lease_id)
         await self.etcd.close()
+        if self.server is not None:
+            await self.server.stop(grace=0.5)
         if self.transfer is not None:
             self.transfer.close()
         log.info("node %s stopped", self.node_id)

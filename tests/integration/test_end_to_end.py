@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from kvstore_client import InvalidArgument, KVStoreClient, StoreFull, Unavailable
 
+from kvstore_client import InvalidArgument, KVStoreClient, StoreFull, Unavailable
 from tests.conftest import Cluster
 
 

@@ -10,11 +10,11 @@ import time
 
 import pytest
 import torch
-from kvstore_client import CorruptObject, InvalidArgument, KVStoreClient, LeaseExpired
 
 from kvstore.coord.etcd import read_key_sync
 from kvstore.coord.layout import Layout, NodeRecord
 from kvstore.v1 import master_pb2 as pb
+from kvstore_client import CorruptObject, InvalidArgument, KVStoreClient, LeaseExpired
 from tests.conftest import Cluster
 
 MiB = 1 << 20

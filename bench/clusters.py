@@ -1,0 +1,247 @@
+"""The two systems under test, started on free loopback ports and stopped by pid.
+
+- `ours()`: etcd + our master + N store nodes, through `kvstore.devcluster.DevCluster`
+  (the code behind `kvstore up`), waiting until every node's segment is mounted.
+- `mooncake()`: `mooncake_master` with its HTTP metadata server, plus one store-node
+  process (`python -m bench.clusters mooncake-node ...`) that mounts a global segment
+  through `MooncakeDistributedStore.setup` and stays alive. Clients are other processes
+  that call `mooncake_client(...)` with no segment of their own, so every byte they put
+  or get crosses the Transfer Engine, as ours do.
+
+Both must run inside a private network namespace (see bench/netns.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from kvstore.devcluster import DevCluster, UpOptions, free_port, wait_for_port
+from kvstore.v1 import master_pb2 as pb
+from kvstore.v1 import master_pb2_grpc as pbg
+
+# The Transfer Engine's TCP transport binds here when told; the namespace is the real fence.
+MOONCAKE_ENV = {"MC_TCP_BIND_ADDRESS": "127.0.0.1"}
+
+
+class _Signals:
+    stopping = 0   # nesting depth of `uninterrupted` blocks
+    pending = 0    # a signal that arrived during one, delivered when the last one ends
+
+
+def raise_on_sigterm() -> None:
+    """Turn SIGTERM and SIGINT into SystemExit so that `finally` blocks stop what we
+    started; inside `uninterrupted()` the exit waits until the cleanup is done."""
+    def handler(signum: int, _frame: object) -> None:
+        if _Signals.stopping:
+            _Signals.pending = signum
+            return
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """A cleanup that a signal (handled by raise_on_sigterm) must not cut short."""
+    _Signals.stopping += 1
+    try:
+        yield
+    finally:
+        _Signals.stopping -= 1
+        if not _Signals.stopping and _Signals.pending:
+            signum, _Signals.pending = _Signals.pending, 0
+            raise SystemExit(128 + signum)
+
+
+def log_tail(path: Path, chars: int = 3000) -> str:
+    try:
+        return f"--- {path.name} ---\n" + path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return f"--- {path.name}: no log ---"
+
+
+# -- ours ---------------------------------------------------------------------------------
+
+
+@dataclass
+class OursCluster:
+    etcd: str
+    master: str
+    logs: Path
+
+
+def wait_mounted(master: str, nodes: int, procs: list[subprocess.Popen[bytes]],
+                 timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    seen = -1
+    with grpc.insecure_channel(master) as ch:
+        stub = pbg.MasterStub(ch)
+        while time.monotonic() < deadline:
+            if any(p.poll() is not None for p in procs):
+                raise RuntimeError("a kvstore process exited while the cluster started")
+            with contextlib.suppress(grpc.RpcError):
+                st = stub.ClusterStatus(pb.ClusterStatusRequest(), timeout=2)
+                seen = len(st.nodes)
+                if seen >= nodes and not st.error.code:
+                    return
+            time.sleep(0.1)
+    raise RuntimeError(f"{nodes} store node(s) not mounted within {timeout:.0f} s (saw {seen})")
+
+
+@contextlib.contextmanager
+def ours(tmp: Path, dram: str = "2GiB", nodes: int = 1,
+         master_args: list[str] | None = None) -> Iterator[OursCluster]:
+    opts = UpOptions(data_dir=tmp / "ours", nodes=nodes, dram=dram, etcd_port=free_port(),
+                     master_port=free_port(), extra_master_args=list(master_args or []))
+    dev = DevCluster(opts)
+    logs = opts.data_dir / "logs"
+    try:
+        dev.start()
+        master = f"127.0.0.1:{opts.master_port}"
+        try:
+            wait_mounted(master, nodes, [p for _, p in dev.procs])
+        except RuntimeError as exc:
+            tails = "\n".join(log_tail(logs / f"{name}.log") for name, _ in dev.procs)
+            raise RuntimeError(f"{exc}\n{tails}") from None
+        yield OursCluster(etcd=f"127.0.0.1:{opts.etcd_port}", master=master, logs=logs)
+    finally:
+        with uninterrupted():
+            dev.stop()
+
+
+# -- Mooncake -----------------------------------------------------------------------------
+
+
+def mooncake_master_binary() -> str:
+    here = Path(sys.executable).parent / "mooncake_master"
+    found = str(here) if here.exists() else shutil.which("mooncake_master")
+    if not found:
+        raise RuntimeError("mooncake_master not found next to this Python or on PATH; install "
+                           "mooncake-transfer-engine-non-cuda into the venv (pip install -e '.[te]')")
+    return found
+
+
+@dataclass
+class MooncakeCluster:
+    master: str          # RPC address of mooncake_master
+    metadata: str        # URL of its HTTP metadata server
+    logs: Path
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+
+
+def _spawn(procs: list[tuple[str, subprocess.Popen[bytes]]], logs: Path, name: str,
+           cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    fh = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the child
+    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, **(env or {})})
+    procs.append((name, proc))
+    return proc
+
+
+def stop_procs(procs: list[tuple[str, subprocess.Popen[bytes]]]) -> None:
+    """SIGTERM each of our children by pid, newest first; SIGKILL what lingers."""
+    for _name, proc in reversed(procs):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    procs.clear()
+
+
+@contextlib.contextmanager
+def mooncake(tmp: Path, segment_bytes: int) -> Iterator[MooncakeCluster]:
+    logs = tmp / "mooncake"
+    logs.mkdir(parents=True, exist_ok=True)
+    rpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
+    mc = MooncakeCluster(master=f"127.0.0.1:{rpc_port}",
+                         metadata=f"http://127.0.0.1:{http_port}/metadata", logs=logs)
+    try:
+        master = _spawn(mc.procs, logs, "mooncake_master", [
+            mooncake_master_binary(), "--rpc_address=127.0.0.1", f"--rpc_port={rpc_port}",
+            "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
+            f"--http_metadata_server_port={http_port}", "--metrics_host=127.0.0.1",
+            f"--metrics_port={metrics_port}"])
+        wait_for_port(rpc_port, master, "mooncake_master")
+        wait_for_port(http_port, master, "mooncake_master's metadata server")
+        ready = logs / "node.ready"
+        node = _spawn(mc.procs, logs, "mooncake-node", [
+            sys.executable, "-m", "bench.clusters", "mooncake-node", "--metadata", mc.metadata,
+            "--master", mc.master, "--segment", str(segment_bytes), "--ready", str(ready)],
+            env=MOONCAKE_ENV)
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            if node.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the Mooncake store node did not mount its segment\n"
+                                   + log_tail(logs / "mooncake-node.log")
+                                   + "\n" + log_tail(logs / "mooncake_master.log"))
+            time.sleep(0.05)
+        yield mc
+    finally:
+        with uninterrupted():
+            stop_procs(mc.procs)
+
+
+def mooncake_client(mc: MooncakeCluster, local_buffer_bytes: int, segment_bytes: int = 0) -> Any:
+    """A MooncakeDistributedStore set up against `mc`; call in a process of its own."""
+    os.environ.update(MOONCAKE_ENV)
+    from mooncake.store import MooncakeDistributedStore
+
+    store = MooncakeDistributedStore()
+    rc = store.setup("127.0.0.1", mc.metadata, segment_bytes, local_buffer_bytes, "tcp", "",
+                     mc.master)
+    if rc != 0:
+        raise RuntimeError(f"MooncakeDistributedStore.setup failed (rc={rc})")
+    return store
+
+
+def _mooncake_node(args: argparse.Namespace) -> int:
+    stop = {"sig": 0}
+
+    def handler(signum: int, _frame: object) -> None:
+        stop["sig"] = signum
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    mc = MooncakeCluster(master=args.master, metadata=args.metadata, logs=Path("."))
+    store = mooncake_client(mc, 16 << 20, segment_bytes=args.segment)
+    Path(args.ready).write_text(str(os.getpid()))
+    try:
+        while not stop["sig"]:
+            time.sleep(0.2)
+    finally:
+        store.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.clusters",
+                                description="helper processes of the benchmarks")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    n = sub.add_parser("mooncake-node", help="mount a Mooncake global segment and stay alive")
+    n.add_argument("--metadata", required=True)
+    n.add_argument("--master", required=True)
+    n.add_argument("--segment", type=int, required=True, help="bytes")
+    n.add_argument("--ready", required=True, help="file written once the segment is mounted")
+    args = p.parse_args(argv)
+    return _mooncake_node(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

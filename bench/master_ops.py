@@ -1,0 +1,454 @@
+"""Control-plane benchmark: our master against Mooncake's, no object bytes moved.
+
+    python -m bench.master_ops [--duration 2] [--clients 8] [--quick] [--json out.json]
+
+Re-executes itself in a private network namespace (loopback only; needs root). Starts
+one system at a time (ours: etcd + master + one store node; Mooncake: mooncake_master
++ one store-node process), each with a 1 GiB segment that only receives allocations,
+and measures from separate client processes:
+
+| case        | kvstore (raw gRPC MasterStub)            | Mooncake (Python client)                  |
+|-------------|------------------------------------------|-------------------------------------------|
+| lookup128   | Lookup of 128 present keys: pins them    | batch_is_exist of 128 keys (existence)    |
+|             | under a new lease (ttl --lease-ttl, not  |                                           |
+|             | released: it expires on its own)         |                                           |
+| exists128   | Exists of 128 keys                       | batch_is_exist of 128 keys                |
+| exists1     | Exists of 1 key                          | is_exist                                  |
+| replicas128 | GetReplicas of 128 keys (locations +     | batch_get_replica_desc of 128 keys        |
+|             | a new lease, not released)               | (locations; any lease it takes unchecked) |
+| put64       | PutStart + PutEnd of 64 new 1 KiB keys   | batch_put_session_start + _end, 64 keys   |
+|             | (allocate and commit; nothing written)   | ("reserve objects without transfer")      |
+
+lookup128 and put64 run from 1 and from --clients concurrent processes, the rest from
+1. Each case runs for --duration seconds in every client at once (they start together).
+Latency percentiles are over every call of every client; rates are keys (or objects)
+per second over the span from the first client's start to the last client's end. A
+write case's keys are removed afterwards, untimed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from bench.stats import (
+    Latency,
+    better_ratio,
+    fmt_rate,
+    fmt_ratio,
+    fmt_seconds,
+    format_table,
+)
+
+MODULE = "bench.master_ops"
+HOT_KEYS = 1024          # populated once; lookups read 128-key windows of them
+WINDOW = 128
+PUT_BATCH = 64
+OBJECT_SIZE = 1024
+MAX_CALLS = 50_000       # per client and case: bounds the memory a put case allocates
+SEGMENT = 1 << 30
+PREFIX = "@@"            # protocol lines on a worker's stdout; anything else is ignored
+
+# Keys (or objects) handled per call, per case.
+UNITS = {"lookup128": WINDOW, "exists128": WINDOW, "exists1": 1, "replicas128": WINDOW,
+         "put64": PUT_BATCH}
+CASE_TEXT = {
+    "lookup128": ("Lookup 128 keys (+lease)", "batch_is_exist 128"),
+    "exists128": ("Exists 128 keys", "batch_is_exist 128"),
+    "exists1": ("Exists 1 key", "is_exist"),
+    "replicas128": ("GetReplicas 128 (+lease)", "batch_get_replica_desc 128"),
+    "put64": ("PutStart+PutEnd 64", "batch_put_session_start+end 64"),
+}
+
+
+def hot_keys() -> list[str]:
+    return [f"hot-{i:05d}" for i in range(HOT_KEYS)]
+
+
+def windows() -> list[list[str]]:
+    keys = hot_keys()
+    return [keys[i:i + WINDOW] for i in range(0, HOT_KEYS, WINDOW)]
+
+
+# -- the client side, per system ----------------------------------------------------------
+
+
+class OursOps:
+    def __init__(self, master: str, wid: int, lease_ttl: float) -> None:
+        import grpc
+
+        from kvstore.v1 import master_pb2 as pb
+        from kvstore.v1 import master_pb2_grpc as pbg
+
+        self.pb = pb
+        self.channel = grpc.insecure_channel(master)
+        self.stub = pbg.MasterStub(self.channel)
+        self.holder = f"bench-{wid}-{os.getpid()}"
+        self.writer = self.holder
+        self.lease_ttl = lease_ttl
+        self.wins = [[k.encode() for k in w] for w in windows()]
+
+    @staticmethod
+    def _ok(reply: Any, what: str) -> Any:
+        if reply.error.code:
+            raise RuntimeError(f"{what}: {reply.error.message}")
+        return reply
+
+    def put_objects(self, keys: list[str]) -> None:
+        pb = self.pb
+        raw = [k.encode() for k in keys]
+        reply = self._ok(self.stub.PutStart(pb.PutStartRequest(
+            keys=raw, sizes=[OBJECT_SIZE] * len(raw), checksums=[0] * len(raw),
+            writer=self.writer)), "PutStart")
+        bad = [i.code for i in reply.items if i.code]
+        if bad:
+            raise RuntimeError(f"PutStart refused {len(bad)} of {len(raw)} keys (codes {set(bad)})")
+        end = self._ok(self.stub.PutEnd(pb.KeysRequest(keys=raw, writer=self.writer)), "PutEnd")
+        if any(end.codes):
+            raise RuntimeError(f"PutEnd codes {set(end.codes)}")
+
+    def remove(self, keys: list[str]) -> None:
+        for lo in range(0, len(keys), 8192):
+            self.stub.Remove(self.pb.RemoveRequest(keys=[k.encode() for k in keys[lo:lo + 8192]],
+                                                   force=True))
+
+    def op(self, case: str) -> Callable[[int], None]:
+        pb, stub, wins = self.pb, self.stub, self.wins
+        if case == "lookup128":
+            def lookup(i: int) -> None:
+                r = stub.Lookup(pb.LookupRequest(keys=wins[i % len(wins)], lease_ttl=self.lease_ttl,
+                                                 holder=self.holder))
+                if r.count != WINDOW:
+                    raise RuntimeError(f"Lookup found {r.count} of {WINDOW} ({r.error.message})")
+            return lookup
+        if case == "exists128":
+            def exists(i: int) -> None:
+                r = stub.Exists(pb.KeysRequest(keys=wins[i % len(wins)]))
+                if not all(r.exists) or len(r.exists) != WINDOW:
+                    raise RuntimeError(f"Exists: {r.error.message or 'keys missing'}")
+            return exists
+        if case == "exists1":
+            def exists1(i: int) -> None:
+                w = wins[i % len(wins)]
+                r = stub.Exists(pb.KeysRequest(keys=[w[i % WINDOW]]))
+                if list(r.exists) != [True]:
+                    raise RuntimeError(f"Exists(1): {r.error.message or 'missing'}")
+            return exists1
+        if case == "replicas128":
+            def replicas(i: int) -> None:
+                r = stub.GetReplicas(pb.GetReplicasRequest(
+                    keys=wins[i % len(wins)], lease_ttl=self.lease_ttl, holder=self.holder))
+                if len(r.items) != WINDOW or any(it.code for it in r.items):
+                    raise RuntimeError(f"GetReplicas: {r.error.message or 'keys missing'}")
+            return replicas
+        raise ValueError(case)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class MooncakeOps:
+    def __init__(self, master: str, metadata: str) -> None:
+        from bench.clusters import MooncakeCluster, mooncake_client
+
+        self.s = mooncake_client(MooncakeCluster(master=master, metadata=metadata,
+                                                 logs=Path(".")), 16 << 20)
+        self.wins = windows()
+
+    def put_objects(self, keys: list[str]) -> None:
+        rcs = self.s.batch_put_session_start(keys, [OBJECT_SIZE] * len(keys))
+        if any(rcs):
+            raise RuntimeError(f"batch_put_session_start rcs {set(rcs)}")
+        rcs = self.s.batch_put_session_end(keys)
+        if any(rcs):
+            raise RuntimeError(f"batch_put_session_end rcs {set(rcs)}")
+
+    def remove(self, keys: list[str]) -> None:
+        for lo in range(0, len(keys), 8192):
+            self.s.batch_remove(keys[lo:lo + 8192], True)
+
+    def op(self, case: str) -> Callable[[int], None]:
+        s, wins = self.s, self.wins
+        if case in ("lookup128", "exists128"):
+            def batch_exists(i: int) -> None:
+                r = s.batch_is_exist(wins[i % len(wins)])
+                if r.count(1) != WINDOW:
+                    raise RuntimeError(f"batch_is_exist: {sorted(set(r))}")
+            return batch_exists
+        if case == "exists1":
+            def exists1(i: int) -> None:
+                if s.is_exist(wins[i % len(wins)][i % WINDOW]) != 1:
+                    raise RuntimeError("is_exist: missing")
+            return exists1
+        if case == "replicas128":
+            def replicas(i: int) -> None:
+                r = s.batch_get_replica_desc(wins[i % len(wins)])
+                if len(r) != WINDOW:
+                    raise RuntimeError(f"batch_get_replica_desc found {len(r)} of {WINDOW}")
+            return replicas
+        raise ValueError(case)
+
+    def close(self) -> None:
+        self.s.close()
+
+
+def run_case(ops: OursOps | MooncakeOps, case: str, duration: float, wid: int) -> dict[str, Any]:
+    clock = time.perf_counter
+    lat: list[float] = []
+    written: list[str] = []
+    op: Callable[[int], None]
+    if case == "put64":
+        seq = iter(range(1 << 62))
+
+        def put(_i: int) -> None:
+            keys = [f"w{wid}-{os.getpid()}-{next(seq)}" for _ in range(PUT_BATCH)]
+            ops.put_objects(keys)
+            written.extend(keys)
+        op = put
+    else:
+        op = ops.op(case)
+    for i in range(3):  # connection and code paths warm, untimed
+        op(i)
+    lat.clear()
+    start_wall = time.time()
+    stop = clock() + duration
+    calls = 0
+    while calls < MAX_CALLS:
+        t0 = clock()
+        op(calls)
+        t1 = clock()
+        lat.append(t1 - t0)
+        calls += 1
+        if t1 >= stop:
+            break
+    end_wall = time.time()
+    if written:
+        ops.remove(written)
+    return {"case": case, "calls": calls, "start": start_wall, "end": end_wall, "lat": lat}
+
+
+def _say(out: TextIO, *words: str) -> None:
+    out.write(PREFIX + " ".join(words) + "\n")
+    out.flush()
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    endpoint = json.loads(args.endpoint)
+    ops: OursOps | MooncakeOps
+    if args.worker == "ours":
+        ops = OursOps(endpoint["master"], args.wid, args.lease_ttl)
+    else:
+        ops = MooncakeOps(endpoint["master"], endpoint["metadata"])
+    try:
+        if args.populate:
+            keys = hot_keys()
+            for lo in range(0, len(keys), PUT_BATCH):
+                ops.put_objects(keys[lo:lo + PUT_BATCH])
+        for case in args.cases.split(","):
+            _say(sys.stdout, "ready", case)
+            if sys.stdin.readline().strip() != "go":
+                return 1
+            result = run_case(ops, case, args.duration, args.wid)
+            _say(sys.stdout, "result", json.dumps(result))
+    finally:
+        ops.close()
+    return 0
+
+
+# -- the orchestrator ---------------------------------------------------------------------
+
+
+@dataclass
+class CaseResult:
+    system: str
+    case: str
+    clients: int
+    calls: int
+    lat: Latency
+    rate: float  # keys or objects per second, all clients together
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"system": self.system, "case": self.case, "clients": self.clients,
+                "calls": self.calls, "latency_s": self.lat.as_dict(), "units_per_s": self.rate}
+
+
+def merge(system: str, case: str, parts: list[dict[str, Any]]) -> CaseResult:
+    lat = [x for p in parts for x in p["lat"]]
+    calls = sum(p["calls"] for p in parts)
+    span = max(p["end"] for p in parts) - min(p["start"] for p in parts)
+    return CaseResult(system, case, len(parts), calls, Latency.of(lat),
+                      calls * UNITS[case] / span)
+
+
+def _expect(proc: subprocess.Popen[str], what: str) -> str:
+    assert proc.stdout is not None
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"a client exited (code {proc.wait()}) while waiting for {what}")
+        if line.startswith(PREFIX):
+            body = line[len(PREFIX):].rstrip("\n")
+            if not body.startswith(what):
+                raise RuntimeError(f"client said {body[:80]!r}, expected {what!r}")
+            return body[len(what):].strip()
+
+
+def run_clients(args: argparse.Namespace, system: str, endpoint: dict[str, str], n: int,
+                cases: list[str], populate: bool, log: Path) -> list[CaseResult]:
+    from bench.clusters import MOONCAKE_ENV, log_tail, uninterrupted
+
+    procs: list[subprocess.Popen[str]] = []
+    results: list[CaseResult] = []
+    fh = open(log, "a")  # noqa: SIM115 - closed below, after the children
+    try:
+        for wid in range(n):
+            cmd = [sys.executable, "-m", MODULE, "--worker", system, "--endpoint",
+                   json.dumps(endpoint), "--wid", str(wid), "--cases", ",".join(cases),
+                   "--duration", str(args.duration), "--lease-ttl", str(args.lease_ttl)]
+            if populate and wid == 0:
+                cmd.append("--populate")
+            procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=fh, text=True, env={**os.environ, **MOONCAKE_ENV}))
+        for case in cases:
+            for p in procs:
+                _expect(p, f"ready {case}")
+            for p in procs:
+                assert p.stdin is not None
+                p.stdin.write("go\n")
+                p.stdin.flush()
+            parts = [json.loads(_expect(p, "result")) for p in procs]
+            results.append(merge(system, case, parts))
+        for p in procs:
+            p.wait(timeout=60)
+    except RuntimeError as exc:
+        fh.flush()
+        raise RuntimeError(f"{system}: {exc}\n{log_tail(log)}") from None
+    finally:
+        with uninterrupted():
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            fh.close()
+    return results
+
+
+def rows_for(results: list[CaseResult]) -> list[list[str]]:
+    by = {(r.system, r.case, r.clients): r for r in results}
+    rows: list[list[str]] = []
+    for (system, case, clients), o in by.items():
+        if system != "ours":
+            continue
+        mc = by.get(("mooncake", case, clients))
+        ours_label, mc_label = CASE_TEXT[case]
+        unit = "obj/s" if case == "put64" else "keys/s" if UNITS[case] > 1 else "calls/s"
+        label = f"{ours_label} | {mc_label}"
+        for metric, a, b, hib, fmt in (
+            ("p50", o.lat.p50, mc.lat.p50 if mc else None, False, fmt_seconds),
+            ("p99", o.lat.p99, mc.lat.p99 if mc else None, False, fmt_seconds),
+            (unit, o.rate, mc.rate if mc else None, True, fmt_rate),
+        ):
+            rows.append([label, str(clients), metric, fmt(a), fmt(b),
+                         fmt_ratio(better_ratio(a, b, higher_is_better=hib))])
+    return rows
+
+
+def render(results: list[CaseResult]) -> str:
+    head = ("ratio > 1 means kvstore is better: latency rows are Mooncake/ours, rate rows "
+            "ours/Mooncake.")
+    table = format_table(["operation: kvstore | Mooncake", "clients", "metric", "kvstore",
+                          "Mooncake", "ratio"], rows_for(results), align="lrlrrr")
+    return head + "\n\n" + table
+
+
+def orchestrate(args: argparse.Namespace) -> int:
+    from bench.clusters import mooncake, ours, raise_on_sigterm
+
+    raise_on_sigterm()
+
+    single = ["lookup128", "exists128", "exists1", "replicas128", "put64"]
+    multi = ["lookup128", "put64"]
+    tmp = Path(tempfile.mkdtemp(prefix="kvstore-master-ops-"))
+    t_start = time.monotonic()
+    results: list[CaseResult] = []
+    try:
+        print(f"{args.duration:g} s per case, 1 and {args.clients} clients; logs in {tmp}",
+              flush=True)
+        with ours(tmp, dram="1GiB") as oc:
+            print("kvstore cluster up; measuring ...", flush=True)
+            ep = {"master": oc.master}
+            results += run_clients(args, "ours", ep, 1, single, True, tmp / "clients-ours.log")
+            results += run_clients(args, "ours", ep, args.clients, multi, False,
+                                   tmp / "clients-ours.log")
+        with mooncake(tmp, SEGMENT) as mc:
+            print("Mooncake store up; measuring ...", flush=True)
+            ep = {"master": mc.master, "metadata": mc.metadata}
+            results += run_clients(args, "mooncake", ep, 1, single, True,
+                                   tmp / "clients-mooncake.log")
+            results += run_clients(args, "mooncake", ep, args.clients, multi, False,
+                                   tmp / "clients-mooncake.log")
+        print()
+        print(render(results))
+        print(f"\n(total {time.monotonic() - t_start:.0f} s; lookup leases ttl "
+              f"{args.lease_ttl:g} s, never released)")
+        if args.json:
+            Path(args.json).write_text(json.dumps({
+                "config": {"duration": args.duration, "clients": args.clients,
+                           "lease_ttl": args.lease_ttl, "object_size": OBJECT_SIZE},
+                "results": [r.as_dict() for r in results],
+            }, indent=2))
+            print(f"wrote {args.json}")
+    except RuntimeError as exc:
+        print(f"master_ops failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if args.keep_logs:
+            print(f"logs kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m {MODULE}",
+                                description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--duration", type=float, default=2.0, help="seconds per case")
+    p.add_argument("--clients", type=int, default=8, help="concurrent client processes")
+    p.add_argument("--lease-ttl", type=float, default=1.0,
+                   help="ttl of the leases Lookup/GetReplicas grant (never released)")
+    p.add_argument("--quick", action="store_true", help="0.5 s per case")
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--keep-logs", action="store_true", help="keep the temporary log directory")
+    p.add_argument("--worker", choices=["ours", "mooncake"], help=argparse.SUPPRESS)
+    p.add_argument("--endpoint", help=argparse.SUPPRESS)
+    p.add_argument("--wid", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--cases", default="", help=argparse.SUPPRESS)
+    p.add_argument("--populate", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.quick:
+        args.duration = 0.5
+    if args.worker:
+        return run_worker(args)
+    from bench.netns import ensure_private_netns
+
+    ensure_private_netns(MODULE)
+    return orchestrate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -1,0 +1,650 @@
+"""kvstore against Mooncake Store, side by side, in one run on the same machine.
+
+    python -m bench.vs_mooncake [--sizes 64KiB,1MiB,4MiB] [--iters 200] [--batch 32]
+                                [--rounds 0] [--quick] [--json out.json] [--plot out.png]
+
+Re-executes itself in a private network namespace (loopback only; needs root). Then,
+one system at a time so that neither's idle processes take CPU from the other:
+
+- ours: etcd + our master + one store node (--dram, default 2 GiB) and a client in
+  another process, `KVStoreClient(etcd=...)`, in two configurations:
+  "kvstore TE" (`same_host=False`): bytes cross the Transfer Engine over TCP exactly as
+  Mooncake's do; the like-for-like comparison.
+  "kvstore same-host" (the default, `same_host=True`): a client on a store node's host
+  maps the node's memfd segment and copies with memcpy. The client's `local_transfers`
+  counter proves which path each configuration took.
+- Mooncake: `mooncake_master` (HTTP metadata server on), a store-node process that
+  mounts a global segment of the same size, and a client in another process with no
+  segment of its own, so all bytes cross the Transfer Engine. (Mooncake's own same-host
+  path, a `setup_dummy` client sharing memory with a `mooncake_client` process, is not
+  measured here.)
+
+Each client is measured through two APIs, and every row shows each system's faster one
+for that row (marked b or r; the raw figures of both are in --json):
+  b, bytes API: ours put/get and put_many/get_many; Mooncake put/get and
+     put_batch/get_batch. Values are Python bytes; a get returns new bytes.
+  r, registered-buffer API: ours register + put_from/get_into; Mooncake register_buffer
+     + put_from/get_into and batch_put_from/batch_get_into. Bytes move straight from and
+     into memory registered with the engine.
+A latency row's p99 comes from the API chosen by its p50.
+
+Per object size: single put and single get latency (p50/p99 over --iters operations,
+fresh keys), and the throughput of batches of --batch objects (put then get; GB/s =
+10^9 bytes/s over the summed call times of --rounds batches; 0 picks ~256 MiB worth).
+Objects are removed between phases so neither store nears its eviction watermark. Both
+transports are TCP over loopback, both store nodes DRAM. Our figures include the
+checksum our client computes on every put and verifies on every get.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import inspect
+import json
+import math
+import os
+import pstats
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.stats import (
+    Latency,
+    better_ratio,
+    fmt_gbps,
+    fmt_ratio,
+    fmt_seconds,
+    format_table,
+    gbps,
+)
+from kvstore.units import format_size, parse_size
+
+MODULE = "bench.vs_mooncake"
+TE, SHM, MC = "kvstore-te", "kvstore-shm", "mooncake"
+# Objects alive in the store at once, per phase; far below either system's eviction mark.
+LIVE_BYTES = 512 << 20
+AUTO_ROUND_BYTES = 256 << 20
+
+
+# -- the operations measured, per system and API ------------------------------------------
+
+
+class Api:
+    """One way of putting and getting objects. `get` returns what the caller would hold
+    (bytes, or a view of the buffer read into) so the driver can check it, untimed."""
+
+    system = ""   # "kvstore-te", "kvstore-shm" or "mooncake"
+    api = ""      # "b" (bytes) or "r" (registered buffers)
+
+    def prepare(self, value: bytes) -> None:
+        self.value = value
+
+    def put(self, key: str) -> None:
+        raise NotImplementedError
+
+    def get(self, key: str) -> Any:
+        raise NotImplementedError
+
+    def put_many(self, keys: list[str]) -> None:
+        raise NotImplementedError
+
+    def get_many(self, keys: list[str]) -> list[Any]:
+        raise NotImplementedError
+
+    def remove(self, keys: list[str]) -> None:
+        raise NotImplementedError
+
+    def local_transfers(self) -> int | None:
+        """Objects moved by a same-host memcpy path so far (None: no such path)."""
+        return None
+
+
+class Slots:
+    """One buffer of 2 x batch slots, each one object long: sources in [0, batch),
+    destinations in [batch, 2 x batch)."""
+
+    def __init__(self, batch: int, max_size: int) -> None:
+        import numpy as np
+
+        self.batch = batch
+        self.buf = np.zeros(2 * batch * max_size, dtype=np.uint8)
+        self.addr = int(self.buf.ctypes.data)
+        self.size = 0
+
+    def fill(self, value: bytes) -> None:
+        self.size = len(value)
+        view = self.buf.data
+        for i in range(self.batch):
+            view[i * self.size:(i + 1) * self.size] = value
+
+    def src_addr(self, i: int) -> int:
+        return self.addr + i * self.size
+
+    def dst_addr(self, i: int) -> int:
+        return self.addr + (self.batch + i) * self.size
+
+    def src(self, i: int) -> Any:
+        return self.buf[i * self.size:(i + 1) * self.size]
+
+    def dst(self, i: int) -> Any:
+        lo = (self.batch + i) * self.size
+        return self.buf[lo:lo + self.size]
+
+    def dst_view(self, i: int) -> memoryview:
+        lo = (self.batch + i) * self.size
+        return self.buf.data[lo:lo + self.size]
+
+
+class OursBytesApi(Api):
+    api = "b"
+
+    def __init__(self, client: Any, system: str) -> None:
+        self.c = client
+        self.system = system
+
+    def put(self, key: str) -> None:
+        self.c.put(key.encode(), self.value)
+
+    def get(self, key: str) -> Any:
+        return self.c.get(key.encode())
+
+    def put_many(self, keys: list[str]) -> None:
+        _ours_ok(self.c.put_many([k.encode() for k in keys], [self.value] * len(keys)), "put_many")
+
+    def get_many(self, keys: list[str]) -> list[Any]:
+        return list(self.c.get_many([k.encode() for k in keys]))
+
+    def remove(self, keys: list[str]) -> None:
+        self.c.remove_many([k.encode() for k in keys], force=True)
+
+    def local_transfers(self) -> int | None:
+        n = getattr(self.c.stats, "local_transfers", None)
+        return None if n is None else int(n)
+
+
+def _ours_ok(errors: list[Any], what: str) -> None:
+    bad = [e for e in errors if e is not None]
+    if bad:
+        raise RuntimeError(f"{what}: {len(bad)} of {len(errors)} failed, first: {bad[0]!r}")
+
+
+class OursRegisteredApi(OursBytesApi):
+    api = "r"
+
+    def __init__(self, client: Any, system: str, batch: int, max_size: int) -> None:
+        super().__init__(client, system)
+        self.slots = Slots(batch, max_size)
+        client.register(self.slots.buf)
+
+    def prepare(self, value: bytes) -> None:
+        super().prepare(value)
+        self.slots.fill(value)
+
+    def put(self, key: str) -> None:
+        _ours_ok(self.c.put_from([key.encode()], [self.slots.src(0)]), "put_from")
+
+    def get(self, key: str) -> Any:
+        err = self.c.get_into([key.encode()], [self.slots.dst(0)])[0]
+        return None if err is not None else self.slots.dst_view(0)
+
+    def put_many(self, keys: list[str]) -> None:
+        _ours_ok(self.c.put_from([k.encode() for k in keys],
+                                 [self.slots.src(i) for i in range(len(keys))]), "put_from")
+
+    def get_many(self, keys: list[str]) -> list[Any]:
+        errs = self.c.get_into([k.encode() for k in keys],
+                               [self.slots.dst(i) for i in range(len(keys))])
+        return [None if e is not None else self.slots.dst_view(i) for i, e in enumerate(errs)]
+
+
+class MooncakeBytesApi(Api):
+    system = "mooncake"
+    api = "b"
+
+    def __init__(self, store: Any) -> None:
+        self.s = store
+
+    def put(self, key: str) -> None:
+        rc = self.s.put(key, self.value)
+        if rc != 0:
+            raise RuntimeError(f"mooncake put({key}) rc={rc}")
+
+    def get(self, key: str) -> Any:
+        return self.s.get(key)
+
+    def put_many(self, keys: list[str]) -> None:
+        rc = self.s.put_batch(keys, [self.value] * len(keys))
+        if rc != 0:
+            raise RuntimeError(f"mooncake put_batch rc={rc}")
+
+    def get_many(self, keys: list[str]) -> list[Any]:
+        return list(self.s.get_batch(keys))
+
+    def remove(self, keys: list[str]) -> None:
+        self.s.batch_remove(keys, True)
+
+
+class MooncakeRegisteredApi(MooncakeBytesApi):
+    api = "r"
+
+    def __init__(self, store: Any, batch: int, max_size: int) -> None:
+        super().__init__(store)
+        self.slots = Slots(batch, max_size)
+        rc = store.register_buffer(self.slots.addr, self.slots.buf.nbytes)
+        if rc != 0:
+            raise RuntimeError(f"mooncake register_buffer rc={rc}")
+
+    def prepare(self, value: bytes) -> None:
+        super().prepare(value)
+        self.slots.fill(value)
+
+    def put(self, key: str) -> None:
+        rc = self.s.put_from(key, self.slots.src_addr(0), self.slots.size)
+        if rc != 0:
+            raise RuntimeError(f"mooncake put_from({key}) rc={rc}")
+
+    def get(self, key: str) -> Any:
+        n = self.s.get_into(key, self.slots.dst_addr(0), self.slots.size)
+        return self.slots.dst_view(0) if n == self.slots.size else None
+
+    def put_many(self, keys: list[str]) -> None:
+        n = len(keys)
+        rcs = self.s.batch_put_from(keys, [self.slots.src_addr(i) for i in range(n)],
+                                    [self.slots.size] * n)
+        if any(rcs):
+            raise RuntimeError(f"mooncake batch_put_from rcs={sorted(set(rcs))}")
+
+    def get_many(self, keys: list[str]) -> list[Any]:
+        n = len(keys)
+        got = self.s.batch_get_into(keys, [self.slots.dst_addr(i) for i in range(n)],
+                                    [self.slots.size] * n)
+        return [self.slots.dst_view(i) if g == self.slots.size else None for i, g in enumerate(got)]
+
+
+# -- the driver (runs in the client process) ----------------------------------------------
+
+
+def chunks(items: Sequence[Any], per_item_bytes: int) -> Iterator[Sequence[Any]]:
+    """Slices of `items` whose objects fit in LIVE_BYTES together."""
+    step = max(1, LIVE_BYTES // max(1, per_item_bytes))
+    for lo in range(0, len(items), step):
+        yield items[lo:lo + step]
+
+
+def _check(data: Any, value: bytes, what: str) -> None:
+    if data is None or len(data) != len(value) or data != value:
+        raise RuntimeError(f"{what}: wrong or missing data "
+                           f"({'none' if data is None else len(data)} bytes)")
+
+
+def measure(api: Api, size: int, iters: int, batch: int, rounds: int, tag: str) -> dict[str, Any]:
+    value = os.urandom(size)
+    api.prepare(value)
+    clock = time.perf_counter
+    # Warm-up: connections, registrations and first-touch page faults on both ends.
+    warm = [f"{tag}-w{i}" for i in range(batch)]
+    for k in warm[:3]:
+        api.put(k)
+        _check(api.get(k), value, "warm-up get")
+    api.remove(warm[:3])
+    api.put_many(warm)
+    for data in api.get_many(warm):
+        _check(data, value, "warm-up get_many")
+    api.remove(warm)
+
+    put_lat: list[float] = []
+    get_lat: list[float] = []
+    for part in chunks([f"{tag}-s{i}" for i in range(iters)], size):
+        for k in part:
+            t0 = clock()
+            api.put(k)
+            put_lat.append(clock() - t0)
+        for j, k in enumerate(part):
+            t0 = clock()
+            data = api.get(k)
+            get_lat.append(clock() - t0)
+            if j == 0 or data is None:
+                _check(data, value, f"get {k}")
+        api.remove(list(part))
+
+    put_t: list[float] = []
+    get_t: list[float] = []
+    all_rounds = [[f"{tag}-b{r}-{i}" for i in range(batch)] for r in range(rounds)]
+    for part in chunks(all_rounds, size * batch):
+        for keys in part:
+            t0 = clock()
+            api.put_many(keys)
+            put_t.append(clock() - t0)
+        for keys in part:
+            t0 = clock()
+            out = api.get_many(keys)
+            get_t.append(clock() - t0)
+            if any(d is None for d in out):
+                raise RuntimeError(f"get_many: {sum(d is None for d in out)} of {batch} missing")
+            _check(out[0], value, "get_many")
+        api.remove([k for keys in part for k in keys])
+    nbytes = size * batch * rounds
+    return {
+        "system": api.system, "api": api.api, "size": size, "iters": iters, "batch": batch,
+        "rounds": rounds,
+        "local_transfers": api.local_transfers(),
+        "put": Latency.of(put_lat).as_dict(), "get": Latency.of(get_lat).as_dict(),
+        "batch_put_gbps": gbps(nbytes, sum(put_t)), "batch_get_gbps": gbps(nbytes, sum(get_t)),
+        "batch_put_call": Latency.of(put_t).as_dict(), "batch_get_call": Latency.of(get_t).as_dict(),
+    }
+
+
+def auto_rounds(rounds: int, size: int, batch: int) -> int:
+    if rounds > 0:
+        return rounds
+    return max(5, min(200, math.ceil(AUTO_ROUND_BYTES / (size * batch))))
+
+
+def staging_bytes(sizes: Sequence[int], batch: int) -> int:
+    """Client-side buffer for one batch of the largest objects (the same for both)."""
+    return batch * max(sizes) + (16 << 20)
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    endpoint = json.loads(args.endpoint)
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    profiler = cProfile.Profile() if args.profile else None
+    results: list[dict[str, Any]] = []
+    apis: list[Api] = []
+    clients: list[Any] = []
+    max_size = max(sizes)
+    try:
+        if args.worker == "ours":
+            from kvstore_client import KVStoreClient
+
+            buffer = staging_bytes(sizes, args.batch)
+            modes = [(TE, {"same_host": False}), (SHM, {"same_host": True})]
+            if "same_host" not in inspect.signature(KVStoreClient).parameters:
+                modes = [(TE, {})]  # no same-host path in this client: all over the engine
+            for system, extra in modes:
+                client = KVStoreClient(etcd=endpoint["etcd"], buffer_size=buffer, **extra)
+                clients.append(client)
+                apis.append(OursBytesApi(client, system))
+                if hasattr(client, "put_from") and hasattr(client, "get_into"):
+                    apis.append(OursRegisteredApi(client, system, args.batch, max_size))
+        else:
+            from bench.clusters import MooncakeCluster, mooncake_client
+
+            mc = MooncakeCluster(master=endpoint["master"], metadata=endpoint["metadata"],
+                                 logs=Path("."))
+            store = mooncake_client(mc, staging_bytes(sizes, args.batch))
+            clients.append(store)
+            apis = [MooncakeBytesApi(store), MooncakeRegisteredApi(store, args.batch, max_size)]
+        if profiler:
+            profiler.enable()
+        for size in sizes:
+            for api in apis:
+                rounds = auto_rounds(args.rounds, size, args.batch)
+                results.append(measure(api, size, args.iters, args.batch, rounds,
+                                       tag=f"{api.system}-{api.api}-{size}"))
+        if profiler:
+            profiler.disable()
+            profiler.dump_stats(str(Path(args.profile) / f"{args.worker}.pstats"))
+    finally:
+        for c in clients:
+            c.close()
+    Path(args.out).write_text(json.dumps(results))
+    return 0
+
+
+# -- the orchestrator ---------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One measure at one size: each system's figure from its faster API for it, and
+    ratios against Mooncake oriented so that > 1 means ours is better."""
+
+    size: int
+    measure: str                 # "put p50", "batch get x32", ...
+    unit: str                    # "s" or "GB/s"
+    values: dict[str, float]     # system -> figure
+    apis: dict[str, str]         # system -> "b" or "r"
+    ratios: dict[str, float | None]  # TE / SHM -> vs Mooncake
+
+    def cells(self) -> list[str]:
+        f = fmt_seconds if self.unit == "s" else fmt_gbps
+
+        def val(system: str) -> str:
+            return f"{f(self.values[system])} {self.apis[system]}" if system in self.values else "-"
+
+        return [format_size(self.size).replace(".0 ", " "), self.measure, val(TE), val(MC),
+                fmt_ratio(self.ratios.get(TE)), val(SHM), fmt_ratio(self.ratios.get(SHM))]
+
+
+def _dig(result: dict[str, Any], path: tuple[str, ...]) -> float:
+    value: Any = result
+    for key in path:
+        value = value[key]
+    return float(value)
+
+
+def build_rows(results: list[dict[str, Any]]) -> list[Row]:
+    """One row per size and measure, from every system's and API's `measure` results."""
+    rows: list[Row] = []
+    sizes = sorted({r["size"] for r in results})
+    batch = results[0]["batch"] if results else 0
+    measures: list[tuple[str, str, tuple[str, ...], tuple[str, ...], bool]] = [
+        # name, unit, figure, what picks the API, higher is better
+        ("put p50", "s", ("put", "p50"), ("put", "p50"), False),
+        ("put p99", "s", ("put", "p99"), ("put", "p50"), False),
+        ("get p50", "s", ("get", "p50"), ("get", "p50"), False),
+        ("get p99", "s", ("get", "p99"), ("get", "p50"), False),
+        (f"batch put x{batch}", "GB/s", ("batch_put_gbps",), ("batch_put_gbps",), True),
+        (f"batch get x{batch}", "GB/s", ("batch_get_gbps",), ("batch_get_gbps",), True),
+    ]
+    for size in sizes:
+        for name, unit, path, pick, hib in measures:
+            values: dict[str, float] = {}
+            apis: dict[str, str] = {}
+            for system in (TE, SHM, MC):
+                cands = [r for r in results if r["size"] == size and r["system"] == system]
+                if not cands:
+                    continue
+                best = (max if hib else min)(cands, key=lambda r: _dig(r, pick))
+                values[system], apis[system] = _dig(best, path), best["api"]
+            ratios = {s: better_ratio(values.get(s), values.get(MC), higher_is_better=hib)
+                      for s in (TE, SHM) if s in values}
+            rows.append(Row(size, name, unit, values, apis, ratios))
+    return rows
+
+
+def render(rows: list[Row]) -> str:
+    head = "\n".join([
+        "ratio > 1 means kvstore is better: latency rows Mooncake/ours, throughput rows "
+        "ours/Mooncake.",
+        "kvstore TE: same_host=False, bytes over the Transfer Engine (TCP loopback), as "
+        "Mooncake's client does.",
+        "kvstore same-host: default same_host=True, memcpy into the store node's mapped "
+        "segment (no Mooncake",
+        "counterpart measured). Each figure is from that system's faster API for the row: "
+        "b = bytes API",
+        "(put/get, put_many|put_batch/get_many|get_batch), r = registered buffers "
+        "(put_from/get_into,",
+        "Mooncake batch_put_from/batch_get_into). p99 comes from the API chosen by p50.",
+    ])
+    table = format_table(
+        ["size", "measure", "kvstore TE", "Mooncake", "ratio", "kvstore same-host", "ratio"],
+        [r.cells() for r in rows], align="llrrrrr")
+    return head + "\n\n" + table
+
+
+def path_warnings(results: list[dict[str, Any]]) -> list[str]:
+    """Whether each of our configurations took the data path it is labelled with."""
+    out = []
+    for r in results:
+        n = r.get("local_transfers")
+        where = f"{format_size(r['size'])}, API {r['api']}"
+        if r["system"] == TE and n:
+            out.append(f"{where}: the same_host=False client moved {n} objects by memcpy")
+        if r["system"] == SHM and not n:
+            out.append(f"{where}: the same-host client never used its memcpy path (segment "
+                       "not mappable?); its figures are Transfer Engine figures")
+    return out
+
+
+def plot(rows: list[Row], path: str) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        sys.exit("--plot needs matplotlib: .venv/bin/pip install matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{format_size(r.size).replace('.0 ', ' ')} {r.measure}" for r in rows]
+    x = list(range(len(rows)))
+    has_shm = any(r.ratios.get(SHM) is not None for r in rows)
+    width = 0.4 if has_shm else 0.8
+    fig, ax = plt.subplots(figsize=(max(8, 0.6 * len(rows)), 5))
+    ax.bar([i - width / 2 if has_shm else i for i in x], [r.ratios.get(TE) or 0.0 for r in rows],
+           width, label="kvstore TE / Mooncake")
+    if has_shm:
+        ax.bar([i + width / 2 for i in x], [r.ratios.get(SHM) or 0.0 for r in rows], width,
+               label="kvstore same-host / Mooncake")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("ratio (>1: kvstore better; log scale)")
+    ax.set_title("kvstore vs Mooncake Store: 1 store node, clients in another process")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _worker_cmd(args: argparse.Namespace, system: str, endpoint: dict[str, str],
+                out: Path) -> list[str]:
+    cmd = [sys.executable, "-m", MODULE, "--worker", system, "--endpoint", json.dumps(endpoint),
+           "--out", str(out), "--sizes", args.sizes, "--iters", str(args.iters),
+           "--batch", str(args.batch), "--rounds", str(args.rounds)]
+    if args.profile:
+        cmd += ["--profile", args.profile]
+    return cmd
+
+
+def _run_worker_process(cmd: list[str], log: Path, out: Path) -> list[dict[str, Any]]:
+    from bench.clusters import MOONCAKE_ENV, log_tail, uninterrupted
+
+    with open(log, "ab") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT,
+                                env={**os.environ, **MOONCAKE_ENV})
+        try:
+            rc = proc.wait(timeout=900)
+        finally:
+            with uninterrupted():
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    if rc != 0 or not out.exists():
+        raise RuntimeError(f"benchmark client exited with {rc}\n{log_tail(log)}")
+    result: list[dict[str, Any]] = json.loads(out.read_text())
+    return result
+
+
+def orchestrate(args: argparse.Namespace) -> int:
+    from bench.clusters import mooncake, ours, raise_on_sigterm
+
+    raise_on_sigterm()
+
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    dram = parse_size(args.dram)
+    tmp = Path(tempfile.mkdtemp(prefix="kvstore-vs-mooncake-"))
+    t_start = time.monotonic()
+    try:
+        print(f"sizes {args.sizes}, {args.iters} single ops, batches of {args.batch}, "
+              f"rounds {[auto_rounds(args.rounds, s, args.batch) for s in sizes]}; "
+              f"logs in {tmp}", flush=True)
+        with ours(tmp, dram=args.dram) as oc:
+            print("kvstore cluster up; measuring ...", flush=True)
+            ours_res = _run_worker_process(_worker_cmd(args, "ours", {"etcd": oc.etcd},
+                                                       tmp / "ours.json"),
+                                           tmp / "client-ours.log", tmp / "ours.json")
+        with mooncake(tmp, dram) as mc:
+            print("Mooncake store up; measuring ...", flush=True)
+            mc_res = _run_worker_process(
+                _worker_cmd(args, "mooncake", {"master": mc.master, "metadata": mc.metadata},
+                            tmp / "mooncake.json"),
+                tmp / "client-mooncake.log", tmp / "mooncake.json")
+        rows = build_rows(ours_res + mc_res)
+        print()
+        print(render(rows))
+        for warning in path_warnings(ours_res):
+            print(f"WARNING: {warning}")
+        print(f"\n(total {time.monotonic() - t_start:.0f} s)")
+        if args.json:
+            Path(args.json).write_text(json.dumps({
+                "config": {"sizes": sizes, "iters": args.iters, "batch": args.batch,
+                           "rounds": args.rounds, "dram": dram, "transport": "tcp loopback"},
+                "rows": [r.__dict__ for r in rows],
+                "raw": {"kvstore": ours_res, "mooncake": mc_res},
+            }, indent=2))
+            print(f"wrote {args.json}")
+        if args.plot:
+            plot(rows, args.plot)
+            print(f"wrote {args.plot}")
+        if args.profile:
+            for system in ("ours", "mooncake"):
+                print(f"\n--- client profile, {system}, all its APIs (top by own time) ---")
+                stats = pstats.Stats(str(Path(args.profile) / f"{system}.pstats"))
+                stats.sort_stats("tottime").print_stats(15)
+    except RuntimeError as exc:
+        print(f"vs_mooncake failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if args.keep_logs:
+            print(f"logs kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m {MODULE}",
+                                description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--sizes", default="64KiB,1MiB,4MiB", help="object sizes, comma-separated")
+    p.add_argument("--iters", type=int, default=200, help="single puts and gets per size")
+    p.add_argument("--batch", type=int, default=32, help="objects per batch call")
+    p.add_argument("--rounds", type=int, default=0,
+                   help="batch calls per size and direction (0: ~256 MiB worth, 5..200)")
+    p.add_argument("--dram", default="2GiB", help="store-node DRAM, both systems")
+    p.add_argument("--quick", action="store_true", help="64KiB,1MiB, 50 iters, 5 rounds")
+    p.add_argument("--json", help="write rows and raw results here")
+    p.add_argument("--plot", help="write a bar chart of the ratios here (matplotlib)")
+    p.add_argument("--profile", help="cProfile both clients; pstats files go in this directory")
+    p.add_argument("--keep-logs", action="store_true", help="keep the temporary log directory")
+    # Internal: the client process.
+    p.add_argument("--worker", choices=["ours", "mooncake"], help=argparse.SUPPRESS)
+    p.add_argument("--endpoint", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.quick:
+        args.sizes, args.iters, args.rounds = "64KiB,1MiB", 50, 5
+    if args.worker:
+        return run_worker(args)
+    from bench.netns import ensure_private_netns
+
+    ensure_private_netns(MODULE)
+    if args.profile:
+        args.profile = str(Path(args.profile).resolve())
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+    return orchestrate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

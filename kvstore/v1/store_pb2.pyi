@@ -1,0 +1,54 @@
+from kvstore.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Replica(_message.Message):
+    __slots__ = ("key", "offset", "size", "checksum", "tier")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    offset: int
+    size: int
+    checksum: int
+    tier: str
+    def __init__(self, key: _Optional[bytes] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., tier: _Optional[str] = ...) -> None: ...
+
+class ApplyRequest(_message.Message):
+    __slots__ = ("epoch", "add", "drop")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ADD_FIELD_NUMBER: _ClassVar[int]
+    DROP_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    add: _containers.RepeatedCompositeFieldContainer[Replica]
+    drop: _containers.RepeatedCompositeFieldContainer[Replica]
+    def __init__(self, epoch: _Optional[int] = ..., add: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., drop: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ...) -> None: ...
+
+class ApplyResponse(_message.Message):
+    __slots__ = ("error",)
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ...) -> None: ...
+
+class InventoryRequest(_message.Message):
+    __slots__ = ("epoch",)
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    def __init__(self, epoch: _Optional[int] = ...) -> None: ...
+
+class InventoryResponse(_message.Message):
+    __slots__ = ("error", "node_id", "replicas")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    node_id: str
+    replicas: _containers.RepeatedCompositeFieldContainer[Replica]
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., node_id: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ...) -> None: ...

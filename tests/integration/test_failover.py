@@ -1,0 +1,122 @@
+"""High availability through real processes: standby takeover, rebuild, fencing."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import grpc
+
+from kvstore.coord.etcd import read_key_sync
+from kvstore.coord.layout import Layout, MasterRecord
+from kvstore.v1 import master_pb2 as pb
+from kvstore.v1 import master_pb2_grpc as pbg
+from kvstore_client import KVStoreClient, KVStoreError
+from tests.conftest import Cluster
+
+ETCD_TTL = 2  # seconds: the masters' etcd lease, short so the test is quick
+
+
+def leader(cluster: Cluster) -> tuple[str, int]:
+    raw = read_key_sync(cluster.etcd, Layout().leader)
+    assert raw is not None
+    return MasterRecord.decode(raw).address, 0
+
+
+def value(i: int) -> bytes:
+    return i.to_bytes(4, "little") * 1024
+
+
+def two_masters(c: Cluster) -> tuple[str, str]:
+    a = c.start_master("--etcd-lease-ttl", str(ETCD_TTL))
+    c.start_store("128MiB")
+    c.start_store("128MiB")
+    c.wait_nodes(2, address=a)
+    b = c.start_master("--etcd-lease-ttl", str(ETCD_TTL))
+    return a, b
+
+
+def test_kill_leader_standby_takes_over_with_the_cache(cluster_factory: Cluster) -> None:
+    c = cluster_factory
+    a, b = two_masters(c)
+    keys = [f"ha-{i}".encode() for i in range(1000)]
+    with KVStoreClient(etcd=c.etcd, timeout=15) as client:
+        for lo in range(0, 1000, 100):
+            errs = client.put_many(keys[lo:lo + 100], [value(i) for i in range(lo, lo + 100)])
+            assert errs == [None] * 100
+        time.sleep(0.5)  # inventory deltas go out every tick (0.1 s)
+
+        # a reader that keeps going across the failover
+        stop = threading.Event()
+        outcomes: list[tuple[float, str]] = []
+
+        def reader() -> None:
+            with KVStoreClient(etcd=c.etcd, timeout=15) as r:
+                i = 0
+                while not stop.is_set():
+                    t0 = time.monotonic()
+                    try:
+                        got = r.get(keys[i % 1000])
+                        outcomes.append((time.monotonic() - t0,
+                                         "ok" if got == value(i % 1000) else "wrong"))
+                    except KVStoreError as exc:
+                        outcomes.append((time.monotonic() - t0, type(exc).__name__))
+                    i += 1
+
+        t = threading.Thread(target=reader)
+        t.start()
+        time.sleep(0.5)
+        killed_at = time.monotonic()
+        c.masters[0][0].kill(signal.SIGKILL)
+        # the standby leads within 3 s of the old lease TTL
+        deadline = killed_at + ETCD_TTL + 3
+        while time.monotonic() < deadline:
+            if leader(c)[0] == b:
+                break
+            time.sleep(0.05)
+        assert leader(c)[0] == b, "standby did not take over in time"
+        took_over = time.monotonic() - killed_at
+        c.wait_nodes(2, address=b)
+        # first successful write after the failover
+        client.put(b"after-failover", b"x")
+        time.sleep(1.0)
+        stop.set()
+        t.join(timeout=30)
+        assert not t.is_alive(), "a reader call hung"
+        assert all(o != "wrong" for _, o in outcomes), "a read returned wrong bytes"
+        assert max(d for d, _ in outcomes) < 15.5, "a call ran past its deadline"
+        readable = sum(g == value(i) for i, g in enumerate(client.get_many(keys)))
+        assert readable >= 999, f"only {readable}/1000 objects readable after failover"
+        status = c.status(b)
+        assert status.epoch > 0 and len(status.nodes) == 2
+        print(f"takeover {took_over:.2f} s, {readable}/1000 readable")
+
+
+def test_paused_leader_is_fenced_and_steps_down(cluster_factory: Cluster) -> None:
+    c = cluster_factory
+    a, b = two_masters(c)
+    old = c.masters[0][0]
+    with KVStoreClient(etcd=c.etcd, timeout=15) as client:
+        client.put(b"before", b"1")
+        time.sleep(0.5)  # commits reach the nodes' inventories within a tick (0.1 s)
+        old.kill(signal.SIGSTOP)
+        deadline = time.monotonic() + ETCD_TTL + 5
+        while time.monotonic() < deadline and leader(c)[0] != b:
+            time.sleep(0.05)
+        assert leader(c)[0] == b
+        c.wait_nodes(2, address=b)
+        old.kill(signal.SIGCONT)
+        # the old leader must refuse writes at once: its lease deadline has passed
+        with grpc.insecure_channel(a) as ch:
+            try:
+                reply = pbg.MasterStub(ch).PutStart(pb.PutStartRequest(
+                    keys=[b"stale"], sizes=[1], checksums=[1]), timeout=3)
+                assert reply.error.code != 0, "a deposed leader accepted a write"
+            except grpc.RpcError:
+                pass  # it already exited
+        old.popen.wait(timeout=10)
+        assert old.popen.returncode == 3  # stepped down: exits for its supervisor
+        client.put(b"after", b"2")
+        assert client.get(b"before") == b"1"
+        assert client.get(b"after") == b"2"
