@@ -39,7 +39,7 @@ def two_masters(c: Cluster) -> tuple[str, str]:
 
 def test_kill_leader_standby_takes_over_with_the_cache(cluster_factory: Cluster) -> None:
     c = cluster_factory
-    a, b = two_masters(c)
+    _, b = two_masters(c)
     keys = [f"ha-{i}".encode() for i in range(1000)]
     with KVStoreClient(etcd=c.etcd, timeout=15) as client:
         for lo in range(0, 1000, 100):
