@@ -141,6 +141,7 @@ class MooncakeCluster:
     metadata: str        # URL of its HTTP metadata server
     logs: Path
     procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    metrics: str = ""    # URL of its Prometheus metrics (master_key_count, ...evicted_key_count)
 
 
 def _spawn(procs: list[tuple[str, subprocess.Popen[bytes]]], logs: Path, name: str,
@@ -171,7 +172,8 @@ def mooncake(tmp: Path, segment_bytes: int) -> Iterator[MooncakeCluster]:
     logs.mkdir(parents=True, exist_ok=True)
     rpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
     mc = MooncakeCluster(master=f"127.0.0.1:{rpc_port}",
-                         metadata=f"http://127.0.0.1:{http_port}/metadata", logs=logs)
+                         metadata=f"http://127.0.0.1:{http_port}/metadata", logs=logs,
+                         metrics=f"http://127.0.0.1:{metrics_port}/metrics")
     try:
         master = _spawn(mc.procs, logs, "mooncake_master", [
             mooncake_master_binary(), "--rpc_address=127.0.0.1", f"--rpc_port={rpc_port}",
