@@ -29,11 +29,13 @@ system-deps:
 	fi
 
 # torch is installed first and alone, pinned, so that nothing later resolves a CUDA build.
-$(STAMP): pyproject.toml
+# vLLM (the CPU build) is installed for the connector's tests: see vllm_adapter/install_vllm.sh.
+$(STAMP): pyproject.toml vllm_adapter/install_vllm.sh
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[te,dev]'
+	sh vllm_adapter/install_vllm.sh $(PY)
 	touch $(STAMP)
 
 run: setup

@@ -1,13 +1,15 @@
 """Control-plane benchmark: our master against Mooncake's, no object bytes moved.
 
     python -m bench.master_ops [--duration 2] [--clients 8] [--quick] [--json out.json]
+                               [--transport fast|grpc]
 
 Re-executes itself in a private network namespace (loopback only; needs root). Starts
 one system at a time (ours: etcd + master + one store node; Mooncake: mooncake_master
 + one store-node process), each with a 1 GiB segment that only receives allocations,
 and measures from separate client processes:
 
-| case        | kvstore (raw gRPC MasterStub)            | Mooncake (Python client)                  |
+| case        | kvstore (raw MasterStub calls; --transport| Mooncake (Python client)                  |
+|             | fast: the fast channel, grpc: gRPC)      |                                           |
 |-------------|------------------------------------------|-------------------------------------------|
 | lookup128   | Lookup of 128 present keys: pins them    | batch_is_exist of 128 keys (existence)    |
 |             | under a new lease (ttl --lease-ttl, not  |                                           |
@@ -84,15 +86,17 @@ def windows() -> list[list[str]]:
 
 
 class OursOps:
-    def __init__(self, master: str, wid: int, lease_ttl: float) -> None:
+    def __init__(self, master: str, wid: int, lease_ttl: float, fast: str = "") -> None:
         import grpc
 
+        from kvstore.rpc.client import FastChannel, FastStub
         from kvstore.v1 import master_pb2 as pb
         from kvstore.v1 import master_pb2_grpc as pbg
 
         self.pb = pb
         self.channel = grpc.insecure_channel(master)
-        self.stub = pbg.MasterStub(self.channel)
+        # The same messages and calls over the master's fast channel (--transport fast).
+        self.stub: Any = FastStub(FastChannel(fast)) if fast else pbg.MasterStub(self.channel)
         self.holder = f"bench-{wid}-{os.getpid()}"
         self.writer = self.holder
         self.lease_ttl = lease_ttl
@@ -246,7 +250,7 @@ def run_worker(args: argparse.Namespace) -> int:
     endpoint = json.loads(args.endpoint)
     ops: OursOps | MooncakeOps
     if args.worker == "ours":
-        ops = OursOps(endpoint["master"], args.wid, args.lease_ttl)
+        ops = OursOps(endpoint["master"], args.wid, args.lease_ttl, endpoint.get("fast", ""))
     else:
         ops = MooncakeOps(endpoint["master"], endpoint["metadata"])
     try:
@@ -371,6 +375,17 @@ def render(results: list[CaseResult]) -> str:
     return head + "\n\n" + table
 
 
+def fast_address(etcd: str) -> str:
+    from kvstore.coord.etcd import read_key_sync
+    from kvstore.coord.layout import Layout, MasterRecord
+
+    raw = read_key_sync(etcd, Layout().leader)
+    fast = MasterRecord.decode(raw).fast if raw else ""
+    if not fast:
+        raise RuntimeError("the master announces no fast channel; use --transport grpc")
+    return fast
+
+
 def orchestrate(args: argparse.Namespace) -> int:
     from bench.clusters import mooncake, ours, raise_on_sigterm
 
@@ -382,11 +397,11 @@ def orchestrate(args: argparse.Namespace) -> int:
     t_start = time.monotonic()
     results: list[CaseResult] = []
     try:
-        print(f"{args.duration:g} s per case, 1 and {args.clients} clients; logs in {tmp}",
-              flush=True)
+        print(f"{args.duration:g} s per case, 1 and {args.clients} clients, kvstore over "
+              f"{args.transport}; logs in {tmp}", flush=True)
         with ours(tmp, dram="1GiB") as oc:
             print("kvstore cluster up; measuring ...", flush=True)
-            ep = {"master": oc.master}
+            ep = {"master": oc.master, "fast": fast_address(oc.etcd) if args.transport == "fast" else ""}
             results += run_clients(args, "ours", ep, 1, single, True, tmp / "clients-ours.log")
             results += run_clients(args, "ours", ep, args.clients, multi, False,
                                    tmp / "clients-ours.log")
@@ -427,6 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lease-ttl", type=float, default=1.0,
                    help="ttl of the leases Lookup/GetReplicas grant (never released)")
     p.add_argument("--quick", action="store_true", help="0.5 s per case")
+    p.add_argument("--transport", choices=["fast", "grpc"], default="fast",
+                   help="kvstore's control channel: the fast one the clients use by default, "
+                        "or gRPC")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--keep-logs", action="store_true", help="keep the temporary log directory")
     p.add_argument("--worker", choices=["ours", "mooncake"], help=argparse.SUPPRESS)

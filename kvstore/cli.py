@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
+import os
 import sys
 from pathlib import Path
 
+from kvstore import admin
 from kvstore.errors import KVStoreError
+from kvstore.logs import ENV_FORMAT, FORMATS, default_format, setup_logging
 from kvstore.units import parse_size
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
+def _setup_logging(level: str, fmt: str = "text") -> None:
+    # Children (`kvstore up` spawns the daemons) inherit the format through the env.
+    os.environ[ENV_FORMAT] = fmt
+    setup_logging(level, fmt)
 
 
 def _run_async(coro_factory: object) -> int:
@@ -42,7 +42,7 @@ def cmd_master(args: argparse.Namespace) -> int:
     opts = MasterOptions(etcd=args.etcd, listen=args.listen, cluster=args.cluster,
                          master_id=args.master_id, etcd_lease_ttl=args.etcd_lease_ttl,
                          metrics_port=args.metrics_port, metrics_host=args.metrics_host,
-                         core=core)
+                         core=core, fast_listen=args.fast_listen)
     return _run_async(lambda: MasterDaemon(opts).run())
 
 
@@ -52,7 +52,10 @@ def cmd_store(args: argparse.Namespace) -> int:
     opts = StoreOptions(etcd=args.etcd, dram=parse_size(args.dram), cluster=args.cluster,
                         node_id=args.node_id, host=args.host, protocol=args.protocol,
                         device=args.device, etcd_lease_ttl=args.etcd_lease_ttl,
-                        metrics_port=args.metrics_port, listen=args.listen)
+                        metrics_port=args.metrics_port, listen=args.listen,
+                        metrics_host=args.metrics_host, ssd_dir=args.ssd_dir,
+                        ssd=parse_size(args.ssd) if args.ssd else 0,
+                        ssd_fsync=not args.ssd_no_fsync)
     return _run_async(lambda: StoreDaemon(opts).run())
 
 
@@ -65,15 +68,28 @@ def cmd_up(args: argparse.Namespace) -> int:
                             metrics_port=args.metrics_port, cluster=args.cluster))
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    from kvstore.admin import status
+def cmd_bench(args: argparse.Namespace) -> int:
+    """`kvstore bench NAME ARGS...` is `python -m bench.NAME ARGS...` run from the source tree."""
+    import os
 
-    return status(args)
+    root = Path(__file__).resolve().parent.parent
+    if not args.name.isidentifier() or not (root / "bench" / f"{args.name}.py").is_file():
+        print(f"kvstore: no benchmark bench/{args.name}.py under {root}", file=sys.stderr)
+        return 2
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable, "-m", f"bench.{args.name}", *args.args],
+              {**os.environ, "PYTHONPATH": path})
+    return 0  # not reached
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvstore", description="Distributed KV-cache store for LLM inference")
     p.add_argument("--log-level", default="info", help="debug, info, warning, error")
+    p.add_argument("--log-format", default=default_format(), choices=FORMATS,
+                   help="text: `ts LEVEL logger msg key=value`; json: one object per line "
+                        "(ts, level, logger, msg, extra fields). Default: $KVSTORE_LOG_FORMAT "
+                        "or text")
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser) -> None:
@@ -83,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("master", help="run a master (leader or standby)")
     common(m)
     m.add_argument("--listen", default="127.0.0.1:50051", help="gRPC HOST:PORT")
+    m.add_argument("--fast-listen", default="",
+                   help="HOST:PORT of the fast control channel the clients use by default "
+                        "(default: --listen's host, a free port; announced in etcd)")
     m.add_argument("--master-id", default="")
     m.add_argument("--put-timeout", type=float, default=30.0,
                    help="seconds before an uncommitted put is reclaimed")
@@ -108,6 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--etcd-lease-ttl", type=int, default=5)
     s.add_argument("--metrics-port", type=int, default=0)
     s.add_argument("--listen", default="", help="the node's gRPC HOST:PORT (default: --host, free port)")
+    s.add_argument("--metrics-host", default="127.0.0.1", help="address /metrics listens on")
+    s.add_argument("--ssd-dir", default="", help="directory of the SSD tier (none if unset)")
+    s.add_argument("--ssd", default="", help="SSD tier cap in bytes on disk, e.g. 100GiB")
+    s.add_argument("--ssd-no-fsync", action="store_true",
+                   help="skip fsync on SSD writes (faster; a crash may lose recent demotions)")
     s.set_defaults(func=cmd_store)
 
     u = sub.add_parser("up", help="run a local dev cluster (etcd + master + store nodes)")
@@ -120,17 +144,19 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--cluster", default="default")
     u.set_defaults(func=cmd_up)
 
-    st = sub.add_parser("status", help="leader, nodes, capacity, objects")
-    common(st)
-    st.add_argument("--master", default="", help="master HOST:PORT (default: from etcd)")
-    st.add_argument("--json", action="store_true")
-    st.set_defaults(func=cmd_status)
+    # status, nodes, capacity, evictions, keys, inspect, evict, drain, config
+    admin.register(sub)
+
+    b = sub.add_parser("bench", help="run a benchmark: python -m bench.NAME ARGS (e.g. replay)")
+    b.add_argument("name", help="module under bench/: replay, vs_mooncake, master_ops, ...")
+    b.add_argument("args", nargs=argparse.REMAINDER, help="passed to the benchmark")
+    b.set_defaults(func=cmd_bench)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _setup_logging(args.log_level)
+    _setup_logging(args.log_level, args.log_format)
     try:
         return int(args.func(args))
     except KVStoreError as exc:

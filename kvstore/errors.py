@@ -26,6 +26,7 @@ class Code(IntEnum):
     CORRUPT = 9
     NOT_LEADER = 10
     INTERNAL = 11
+    BUSY = 12
 
 
 class KVStoreError(Exception):
@@ -87,6 +88,12 @@ class Internal(KVStoreError):
     code = Code.INTERNAL
 
 
+class Busy(Unavailable):
+    """Transient: the store is making room (moving objects to SSD); retry shortly."""
+
+    code = Code.BUSY
+
+
 _BY_CODE: dict[Code, type[KVStoreError]] = {
     Code.NOT_FOUND: NotFound,
     Code.ALREADY_EXISTS: AlreadyExists,
@@ -99,6 +106,7 @@ _BY_CODE: dict[Code, type[KVStoreError]] = {
     Code.CORRUPT: CorruptObject,
     Code.NOT_LEADER: NotLeader,
     Code.INTERNAL: Internal,
+    Code.BUSY: Busy,
 }
 
 

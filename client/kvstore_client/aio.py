@@ -1,6 +1,7 @@
 """The asyncio client: runs the flows of `flows.py` on an event loop.
 
-Control calls use grpc.aio; data transfers (Transfer Engine batches or same-host
+Control calls use the master's fast channel (many concurrent calls multiplexed on one
+connection) or grpc.aio when its record announces none; data transfers (Transfer Engine batches or same-host
 memcpy) run in a worker thread so the loop keeps serving other tasks meanwhile.
 Operations that go through the shared staging buffer (put_many, get_many) take turns;
 zero-copy and control-only operations run concurrently.
@@ -14,25 +15,25 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-import grpc
-
 from kvstore.coord.layout import Layout
 from kvstore.errors import Code, KVStoreError, NotFound
 from kvstore.transfer import Transfer
 from kvstore.v1 import master_pb2 as pb
-from kvstore.v1 import master_pb2_grpc as pbg
 from kvstore_client import flows
 from kvstore_client.control import (
-    GRPC_OPTIONS,
-    RETRIABLE,
+    AsyncControl,
+    Retry,
     backoff,
     check_reply,
-    discover,
+    check_transport,
+    discover_record,
     from_stale_leader,
+    open_async_control,
+    target,
     timed_out,
-    unanswered,
+    unreachable_fast,
 )
-from kvstore_client.flows import ClientState, ClientStats, Flow, Lease, Move, Release, Rpc
+from kvstore_client.flows import ClientState, ClientStats, Flow, Lease, Move, Release, Rpc, Wait
 from kvstore_client.local import LocalSegments
 from kvstore_client.staging import Staging
 
@@ -56,14 +57,16 @@ class AsyncKVStoreClient:
         protocol: str = "tcp",
         device: str = "",
         same_host: bool = True,
+        transport: str = "fast",
     ) -> None:
         self.etcd = etcd
         self.timeout = timeout
+        self.transport = check_transport(transport)
         self._layout = Layout(cluster)
         self._fixed_master = master
-        self._channel: grpc.aio.Channel | None = None
-        self._stub: pbg.MasterStub | None = None
-        self.master_address = ""
+        self._control: AsyncControl | None = None
+        self._fast_given_up = ""  # a fast address that would not take connections
+        self.master_address = ""  # where control calls go (the fast or the gRPC address)
         self._epoch = 0
         transfer = Transfer(host, protocol, device)
         self._state = ClientState(
@@ -86,40 +89,40 @@ class AsyncKVStoreClient:
         await self.close()
 
     async def connect(self) -> None:
-        address = await asyncio.to_thread(discover, self.etcd, self._layout, self._fixed_master,
-                                          self.timeout)
-        if address != self.master_address or self._channel is None:
-            if self._channel is not None:
-                await self._channel.close()
-            self._channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
-            self._stub = pbg.MasterStub(self._channel)
-            self.master_address = address
+        record = await asyncio.to_thread(discover_record, self.etcd, self._layout,
+                                         self._fixed_master, self.timeout)
+        control = self._control
+        self._fast_given_up = unreachable_fast(control, self._fast_given_up)
+        want = target(record, self.transport, self._fast_given_up)
+        if control is None or (control.transport, control.address) != want:
+            if control is not None:
+                await control.close()
+            self._control = open_async_control(record, self.transport, self._fast_given_up)
+            self.master_address = self._control.address
 
     async def close(self) -> None:
         if self._background:
             await asyncio.wait(self._background, timeout=1.0)
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
+        if self._control is not None:
+            await self._control.close()
+            self._control = None
         self._state.close()
 
     async def _call(self, method: str, request: Any) -> Any:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
-        if self._stub is None:
+        if self._control is None:
             await self.connect()
         last = "no attempt"
         for attempt in range(1 << 30):
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
-            assert self._stub is not None
+            assert self._control is not None
             try:
-                reply = await getattr(self._stub, method)(request, timeout=remaining)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code().name not in RETRIABLE:
-                    raise unanswered(method, self.master_address, exc.code().name) from exc
-                last = f"{self.master_address}: {exc.code().name}"
+                reply = await self._control.call(method, request, remaining)
+            except Retry as exc:
+                last = str(exc)
             else:
                 if not from_stale_leader(reply, self._epoch):
                     self._epoch = reply.epoch
@@ -135,6 +138,9 @@ class AsyncKVStoreClient:
             await self.connect()
 
     def _release_later(self, lease_id: int) -> None:
+        if self._control is not None and self._control.release_oneway(lease_id):
+            return  # a one-way frame, already on its way
+
         async def release() -> None:
             with contextlib.suppress(KVStoreError):
                 await self._call("ReleaseLease", pb.ReleaseLeaseRequest(lease_id=lease_id))
@@ -160,6 +166,8 @@ class AsyncKVStoreClient:
                                                     step.write)
                 elif isinstance(step, Release):
                     self._release_later(step.lease_id)
+                elif isinstance(step, Wait):
+                    await asyncio.sleep(step.seconds)
             except KVStoreError as exc:
                 error = exc
 

@@ -3,30 +3,30 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import uuid
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-import grpc
-
 from kvstore.coord.layout import Layout
 from kvstore.errors import Code, KVStoreError, NotFound
 from kvstore.transfer import Transfer
-from kvstore.v1 import master_pb2 as pb
-from kvstore.v1 import master_pb2_grpc as pbg
 from kvstore_client import flows
 from kvstore_client.control import (
-    GRPC_OPTIONS,
-    RETRIABLE,
+    Control,
+    Retry,
     backoff,
     check_reply,
-    discover,
+    check_transport,
+    discover_record,
     from_stale_leader,
+    open_control,
+    target,
     timed_out,
-    unanswered,
+    unreachable_fast,
 )
-from kvstore_client.flows import ClientState, ClientStats, Flow, Lease, Move, Release, Rpc
+from kvstore_client.flows import ClientState, ClientStats, Flow, Lease, Move, Release, Rpc, Wait
 from kvstore_client.local import LocalSegments
 from kvstore_client.staging import Staging
 
@@ -40,6 +40,8 @@ class KVStoreClient:
     `KVStoreClient(master="127.0.0.1:50051")` talks to one master directly.
     On the same host as a store node it maps that node's segment and copies directly
     (`same_host=False` turns this off); elsewhere bytes go over the Transfer Engine.
+    Control calls take the master's fast channel when its etcd record announces one
+    (`transport="grpc"` forces gRPC; a fixed `master=` address is always gRPC).
     """
 
     def __init__(
@@ -55,14 +57,16 @@ class KVStoreClient:
         protocol: str = "tcp",
         device: str = "",
         same_host: bool = True,
+        transport: str = os.environ.get("KVSTORE_TRANSPORT", "fast"),
     ) -> None:
         self.etcd = etcd
         self.timeout = timeout
+        self.transport = check_transport(transport)
         self._layout = Layout(cluster)
         self._fixed_master = master
-        self._channel: grpc.Channel | None = None
-        self._stub: pbg.MasterStub | None = None
-        self.master_address = ""
+        self._control: Control | None = None
+        self._fast_given_up = ""  # a fast address that would not take connections
+        self.master_address = ""  # where control calls go (the fast or the gRPC address)
         self._epoch = 0  # the newest leader epoch seen; older replies are refused
         self._connect()
         transfer = Transfer(host, protocol, device)
@@ -89,20 +93,23 @@ class KVStoreClient:
         self.close()
 
     def close(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
+        control = getattr(self, "_control", None)  # None too if __init__ failed early
+        if control is not None:
+            control.close()
+            self._control = None
         if getattr(self, "_state", None) is not None:
             self._state.close()
 
     def _connect(self) -> None:
-        address = discover(self.etcd, self._layout, self._fixed_master, self.timeout)
-        if address != self.master_address or self._channel is None:
-            if self._channel is not None:
-                self._channel.close()
-            self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
-            self._stub = pbg.MasterStub(self._channel)
-            self.master_address = address
+        record = discover_record(self.etcd, self._layout, self._fixed_master, self.timeout)
+        control = self._control
+        self._fast_given_up = unreachable_fast(control, self._fast_given_up)
+        want = target(record, self.transport, self._fast_given_up)
+        if control is None or (control.transport, control.address) != want:
+            if control is not None:
+                control.close()
+            self._control = open_control(record, self.transport, self._fast_given_up)
+            self.master_address = self._control.address
 
     def _call(self, method: str, request: Any) -> Any:
         """One control round trip. Follows the leader across a failover, retrying with
@@ -113,14 +120,11 @@ class KVStoreClient:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            assert self._stub is not None
+            assert self._control is not None
             try:
-                reply = getattr(self._stub, method)(request, timeout=remaining)
-            except grpc.RpcError as exc:
-                code = exc.code()  # type: ignore[attr-defined]
-                if code.name not in RETRIABLE:
-                    raise unanswered(method, self.master_address, code.name) from exc
-                last = f"{self.master_address}: {code.name}"
+                reply = self._control.call(method, request, remaining)
+            except Retry as exc:
+                last = str(exc)
             else:
                 if not from_stale_leader(reply, self._epoch):
                     self._epoch = reply.epoch
@@ -137,10 +141,8 @@ class KVStoreClient:
 
     def _release_async(self, lease_id: int) -> None:
         """Release without waiting: the lease expires on its own if this is lost."""
-        assert self._stub is not None
-        with contextlib.suppress(grpc.RpcError):
-            self._stub.ReleaseLease.future(pb.ReleaseLeaseRequest(lease_id=lease_id),
-                                           timeout=self.timeout)
+        assert self._control is not None
+        self._control.release(lease_id, self.timeout)
 
     def _run(self, flow: Flow[T]) -> T:
         value: Any = None
@@ -158,6 +160,8 @@ class KVStoreClient:
                     value = self._state.run_transfers(step.plan, step.write)
                 elif isinstance(step, Release):
                     self._release_async(step.lease_id)
+                elif isinstance(step, Wait):
+                    time.sleep(step.seconds)
             except KVStoreError as exc:
                 error = exc
 

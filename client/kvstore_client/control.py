@@ -1,18 +1,52 @@
-"""Finding the leader and calling it: what the sync and async clients share."""
+"""Finding the leader and calling it: what the sync and async clients share.
+
+A client talks to the leader through one *control* object with one verb,
+`call(method, request, timeout) -> reply`: `FastControl` over the fast channel
+(kvstore.rpc, the default when the leader's etcd record announces one) or
+`GrpcControl` over gRPC (the public contract; also what a fixed `master=` address gets).
+Both raise `Retry` for failures worth another attempt (the master unreachable, slow or
+failing over) and a typed KVStoreError for anything else, so the clients' retry and
+leader-following loop is one piece of code for either transport.
+
+A fast address that refuses or drops FAST_GIVE_UP connection attempts in a row (a
+firewall that only lets the gRPC port through, say) is given up for that leader: the
+client carries on over gRPC, says so once in the log, and tries the fast channel again
+when a new leader is announced.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import logging
+from typing import Any, Literal
+
+import grpc
+import grpc.aio
 
 from kvstore.coord.etcd import read_key_sync
 from kvstore.coord.layout import Layout, MasterRecord
-from kvstore.errors import Code, Unavailable, error_for
+from kvstore.errors import Code, InvalidArgument, Unavailable, error_for
+from kvstore.rpc.aio_client import AsyncFastChannel
+from kvstore.rpc.client import FastChannel
+from kvstore.v1 import master_pb2 as pb
+from kvstore.v1 import master_pb2_grpc as pbg
 
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
 ]
 RETRIABLE = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
+FAST_GIVE_UP = 3  # failed connection attempts in a row before a fast address is given up
+
+log = logging.getLogger(__name__)
+TRANSPORTS = ("fast", "grpc")
+Transport = Literal["fast", "grpc"]
+
+
+def check_transport(transport: str) -> Transport:
+    if transport not in TRANSPORTS:
+        raise InvalidArgument(f"transport must be 'fast' or 'grpc', got {transport!r}")
+    return transport  # type: ignore[return-value]
 
 
 def backoff(attempt: int, remaining: float) -> float:
@@ -30,17 +64,22 @@ def timed_out(method: str, timeout: float, last: str) -> Unavailable:
                        "master may be failing over or down")
 
 
-def discover(etcd: str, layout: Layout, fixed: str | None, timeout: float) -> str:
-    """The leader's gRPC address (or the fixed one the user gave)."""
+def discover_record(etcd: str, layout: Layout, fixed: str | None, timeout: float) -> MasterRecord:
+    """The leader's record (a gRPC-only one for the fixed address the user gave)."""
     if fixed:
-        return fixed
+        return MasterRecord(master_id="", address=fixed, pid=0)
     raw = read_key_sync(etcd, layout.leader, timeout=min(timeout, 3.0))
     if raw is None:
         raise Unavailable(
             f"no kvstore master is registered in etcd at {etcd}; start one with "
             f"`kvstore master --etcd {etcd}` (or `kvstore up` for a dev cluster)"
         )
-    return MasterRecord.decode(raw).address
+    return MasterRecord.decode(raw)
+
+
+def discover(etcd: str, layout: Layout, fixed: str | None, timeout: float) -> str:
+    """The leader's gRPC address (or the fixed one the user gave)."""
+    return discover_record(etcd, layout, fixed, timeout).address
 
 
 def check_reply(reply: Any) -> Any:
@@ -53,3 +92,148 @@ def check_reply(reply: Any) -> Any:
 def unanswered(method: str, address: str, code: str) -> Unavailable:
     return Unavailable(f"the kvstore master at {address} did not answer {method} ({code}); "
                        "is it running?")
+
+
+class Retry(Exception):
+    """A control call failed in a way that another attempt (maybe at a new leader) may fix."""
+
+
+def _why(exc: OSError) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+def target(record: MasterRecord, transport: Transport, given_up: str = "") -> tuple[str, str]:
+    """(transport, address) a client should use for this leader record."""
+    if transport == "fast" and record.fast and record.fast != given_up:
+        return "fast", record.fast
+    return "grpc", record.address
+
+
+def unreachable_fast(control: Any, given_up: str) -> str:
+    """The fast address to give up now (see the module doc), else `given_up` unchanged."""
+    if isinstance(control, FastControl | AsyncFastControl) and \
+            control.channel.connect_failures >= FAST_GIVE_UP and control.address != given_up:
+        log.warning("cannot connect to the master's fast channel at %s (%d attempts); using "
+                    "gRPC until a new leader is announced. Is that port open to clients?",
+                    control.address, control.channel.connect_failures)
+        return control.address
+    return given_up
+
+
+# -- blocking ---------------------------------------------------------------------------
+
+
+class GrpcControl:
+    transport = "grpc"
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        self._stub = pbg.MasterStub(self._channel)
+
+    def call(self, method: str, request: Any, timeout: float) -> Any:
+        try:
+            return getattr(self._stub, method)(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            code = exc.code().name  # type: ignore[attr-defined]
+            if code not in RETRIABLE:
+                raise unanswered(method, self.address, code) from exc
+            raise Retry(f"{self.address}: {code}") from exc
+
+    def release(self, lease_id: int, timeout: float) -> None:
+        """Release without waiting; grpc runs the call on a thread of its own."""
+        with contextlib.suppress(grpc.RpcError):
+            self._stub.ReleaseLease.future(pb.ReleaseLeaseRequest(lease_id=lease_id),
+                                           timeout=timeout)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+class FastControl:
+    transport = "fast"
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.channel = FastChannel(address)
+
+    def call(self, method: str, request: Any, timeout: float) -> Any:
+        try:
+            return self.channel.call(method, request, timeout)
+        except OSError as exc:
+            raise Retry(f"{self.address}: {_why(exc)}") from exc
+
+    def release(self, lease_id: int, timeout: float) -> None:
+        """A one-way frame: sent now, never answered (a lost one expires by its TTL)."""
+        self.channel.send_oneway("ReleaseLease", pb.ReleaseLeaseRequest(lease_id=lease_id),
+                                 timeout)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+Control = GrpcControl | FastControl
+
+
+def open_control(record: MasterRecord, transport: Transport, given_up: str = "") -> Control:
+    kind, address = target(record, transport, given_up)
+    return FastControl(address) if kind == "fast" else GrpcControl(address)
+
+
+# -- asyncio ----------------------------------------------------------------------------
+
+
+class AsyncGrpcControl:
+    transport = "grpc"
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+        self._stub = pbg.MasterStub(self._channel)
+
+    async def call(self, method: str, request: Any, timeout: float) -> Any:
+        try:
+            return await getattr(self._stub, method)(request, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code().name
+            if code not in RETRIABLE:
+                raise unanswered(method, self.address, code) from exc
+            raise Retry(f"{self.address}: {code}") from exc
+
+    def release_oneway(self, lease_id: int) -> bool:
+        return False  # gRPC has no one-way call: the client sends a normal one
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+class AsyncFastControl:
+    transport = "fast"
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.channel = AsyncFastChannel(address)
+
+    async def call(self, method: str, request: Any, timeout: float) -> Any:
+        try:
+            return await self.channel.call(method, request, timeout)
+        except OSError as exc:
+            raise Retry(f"{self.address}: {_why(exc)}") from exc
+
+    def release_oneway(self, lease_id: int) -> bool:
+        """Queue a one-way release on the open connection; False when there is none."""
+        return self.channel.send_oneway("ReleaseLease", pb.ReleaseLeaseRequest(lease_id=lease_id))
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+AsyncControl = AsyncGrpcControl | AsyncFastControl
+
+
+def open_async_control(record: MasterRecord, transport: Transport,
+                       given_up: str = "") -> AsyncControl:
+    kind, address = target(record, transport, given_up)
+    return AsyncFastControl(address) if kind == "fast" else AsyncGrpcControl(address)

@@ -43,6 +43,9 @@ from kvstore_client.staging import Staging
 
 T = TypeVar("T")
 
+# How long a put keeps asking while the master makes room (BUSY) before giving up.
+BUSY_BUDGET = 5.0
+
 # A store node as a transfer target: (Transfer Engine segment name, node id).
 Target = tuple[str, str]
 # One transfer: (local address, remote address, length).
@@ -66,7 +69,12 @@ class Release:
     lease_id: int
 
 
-Step = Rpc | Move | Release
+@dataclass(slots=True)
+class Wait:
+    seconds: float
+
+
+Step = Rpc | Move | Release | Wait
 Flow = Generator[Step, Any, T]
 
 
@@ -267,12 +275,27 @@ def put_from(st: ClientState, keys: Sequence[bytes],
 
 def _put(st: ClientState, keys: list[bytes], srcs: list[Dest]) -> Flow[list[KVStoreError | None]]:
     results: list[KVStoreError | None] = [None] * len(keys)
+    sizes = [d.view.nbytes for d in srcs]
+    sums = [checksum(d.view) for d in srcs]
     reply = yield Rpc("PutStart", pb.PutStartRequest(
-        keys=keys, sizes=[d.view.nbytes for d in srcs], checksums=[checksum(d.view) for d in srcs],
-        replicas=st.replicas, writer=st.writer_id))
+        keys=keys, sizes=sizes, checksums=sums, replicas=st.replicas, writer=st.writer_id))
+    items = list(reply.items)
+    # BUSY: the master is demoting objects to SSD to make room; ask again shortly.
+    budget = time.monotonic() + BUSY_BUDGET
+    delay = 0.005
+    busy = [i for i, item in enumerate(items) if item.code == Code.BUSY]
+    while busy and time.monotonic() < budget:
+        yield Wait(delay)
+        delay = min(delay * 2, 0.1)
+        again = yield Rpc("PutStart", pb.PutStartRequest(
+            keys=[keys[i] for i in busy], sizes=[sizes[i] for i in busy],
+            checksums=[sums[i] for i in busy], replicas=st.replicas, writer=st.writer_id))
+        for i, item in zip(busy, again.items, strict=True):
+            items[i] = item
+        busy = [i for i in busy if items[i].code == Code.BUSY]
     plan: Plan = defaultdict(list)
     started: list[int] = []
-    for i, item in enumerate(reply.items):
+    for i, item in enumerate(items):
         if item.code == Code.ALREADY_EXISTS:
             continue
         if item.code != Code.OK:
@@ -285,7 +308,7 @@ def _put(st: ClientState, keys: list[bytes], srcs: list[Dest]) -> Flow[list[KVSt
     commit: list[int] = []
     revoke: list[int] = []
     for i in started:
-        bad = [failed[t] for loc in reply.items[i].locations
+        bad = [failed[t] for loc in items[i].locations
                if (t := (loc.segment, loc.node_id)) in failed]
         if bad:
             revoke.append(i)
@@ -320,13 +343,31 @@ def get_many(st: ClientState, keys: Sequence[bytes]) -> Flow[list[bytes | KVStor
     return out
 
 
+def _settle(keys: list[bytes], items: list[pb.ReadItem], lease_id: int,
+            deadline: float) -> Flow[list[pb.ReadItem]]:
+    """Ask again, under the same lease, for objects the master is bringing back from
+    SSD into DRAM (IN_PROGRESS), until they are readable or the lease runs out."""
+    delay = 0.002
+    waiting = [j for j, item in enumerate(items) if item.code == Code.IN_PROGRESS]
+    while waiting and lease_id and time.monotonic() + delay < deadline:
+        yield Wait(delay)
+        delay = min(delay * 2, 0.05)
+        again = yield Rpc("GetReplicas", pb.GetReplicasRequest(
+            keys=[keys[j] for j in waiting], lease_id=lease_id))
+        for j, item in zip(waiting, again.items, strict=True):
+            items[j] = item
+        waiting = [j for j in waiting if items[j].code == Code.IN_PROGRESS]
+    return items
+
+
 def _get_once(st: ClientState, keys: list[bytes], todo: list[int],
               out: list[bytes | KVStoreError]) -> Flow[list[int]]:
     sent = time.monotonic()
-    reply = yield Rpc("GetReplicas", pb.GetReplicasRequest(keys=[keys[i] for i in todo],
-                                                           holder=st.writer_id))
+    asked = [keys[i] for i in todo]
+    reply = yield Rpc("GetReplicas", pb.GetReplicasRequest(keys=asked, holder=st.writer_id))
     deadline = sent + reply.ttl_remaining
-    found = [(i, item) for i, item in zip(todo, reply.items, strict=True)
+    items = yield from _settle(asked, list(reply.items), reply.lease_id, deadline)
+    found = [(i, item) for i, item in zip(todo, items, strict=True)
              if item.code == Code.OK and item.locations]
     retry: list[int] = []
     try:
@@ -367,8 +408,9 @@ def get_into(st: ClientState, keys: Sequence[bytes], buffers: Sequence[Any],
         keys=checked, lease_id=lease.id if lease else 0, holder=st.writer_id))
     deadline = lease.expires_at if lease else sent + reply.ttl_remaining
     try:
+        items = yield from _settle(checked, list(reply.items), reply.lease_id, deadline)
         found: list[tuple[int, pb.ReadItem]] = []
-        for i, item in enumerate(reply.items):
+        for i, item in enumerate(items):
             if item.code != Code.OK or not item.locations:
                 missing = item.code in (Code.OK, Code.NOT_FOUND)
                 out[i] = error_for(item.code or Code.NOT_FOUND,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -229,3 +229,40 @@ def read_prefix_sync(endpoint: str, prefix: bytes, timeout: float = 3.0) -> list
                 f"cannot reach etcd at {endpoint} ({exc.code().name})"  # type: ignore[attr-defined]
             ) from exc
     return [bytes(kv.value) for kv in resp.kvs]
+
+
+def read_items_sync(endpoint: str, prefix: bytes, timeout: float = 3.0) -> list[tuple[bytes, bytes]]:
+    """(key, value) of every key under `prefix`, without an event loop."""
+    from etcd3aio._protobuf import KVStub, RangeRequest
+
+    parse_endpoint(endpoint)
+    with grpc.insecure_channel(endpoint) as channel:
+        try:
+            resp = KVStub(channel).Range(
+                RangeRequest(key=prefix, range_end=prefix_range_end(prefix)), timeout=timeout)
+        except grpc.RpcError as exc:
+            raise Unavailable(
+                f"cannot reach etcd at {endpoint} ({exc.code().name}); "  # type: ignore[attr-defined]
+                "start etcd or pass the right --etcd HOST:PORT"
+            ) from exc
+    return [(bytes(kv.key), bytes(kv.value)) for kv in resp.kvs]
+
+
+def write_keys_sync(endpoint: str, puts: dict[bytes, bytes], deletes: Sequence[bytes] = (),
+                    timeout: float = 3.0) -> int:
+    """Put and delete keys in one etcd transaction (all or nothing), without an event
+    loop; returns the revision it made."""
+    from etcd3aio._protobuf import DeleteRangeRequest, KVStub, PutRequest, RequestOp, TxnRequest
+
+    parse_endpoint(endpoint)
+    ops = [RequestOp(request_put=PutRequest(key=k, value=v)) for k, v in puts.items()]
+    ops += [RequestOp(request_delete_range=DeleteRangeRequest(key=k)) for k in deletes]
+    with grpc.insecure_channel(endpoint) as channel:
+        try:
+            resp = KVStub(channel).Txn(TxnRequest(success=ops), timeout=timeout)
+        except grpc.RpcError as exc:
+            raise Unavailable(
+                f"cannot write to etcd at {endpoint} ({exc.code().name}); "  # type: ignore[attr-defined]
+                "start etcd or pass the right --etcd HOST:PORT"
+            ) from exc
+    return int(resp.header.revision)

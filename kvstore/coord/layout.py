@@ -39,7 +39,19 @@ class Layout:
 
     @property
     def config(self) -> bytes:
+        """Live settings, one key per setting (`config/evict_high` = `0.85`)."""
         return self.root + b"config/"
+
+    def setting(self, name: str) -> bytes:
+        return self.config + name.encode()
+
+    @property
+    def draining(self) -> bytes:
+        """Nodes an operator is draining (`draining/<node>`), for the next leader."""
+        return self.root + b"draining/"
+
+    def drain_mark(self, node_id: str) -> bytes:
+        return self.draining + node_id.encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +60,7 @@ class MasterRecord:
     address: str  # gRPC HOST:PORT
     pid: int
     metrics: str = ""
+    fast: str = ""  # fast control channel HOST:PORT (kvstore.rpc); "": gRPC only
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()
@@ -69,6 +82,7 @@ class NodeRecord:
     pid: int
     host: str
     service: str = ""  # the node's gRPC address (inventory, tier commands)
+    ssd_capacity: int = 0  # bytes on disk of its SSD tier; 0: none
     shm_path: str = ""  # same-host clients may map the segment from here
     shm_inode: int = 0  # ...if the file there is this memfd
     boot_id: str = ""  # ...and they run under the same kernel boot

@@ -21,11 +21,14 @@ import grpc
 from kvstore.coord.etcd import Etcd
 from kvstore.coord.layout import Layout, MasterRecord, NodeRecord
 from kvstore.errors import Code, InvalidArgument, KVStoreError
-from kvstore.master.core import CoreConfig, MasterCore, MonotonicClock
+from kvstore.master.core import CoreConfig, MasterCore, MonotonicClock, TierMove
 from kvstore.master.election import Election
+from kvstore.master.live_config import LiveConfig
 from kvstore.master.metrics import MasterMetrics
 from kvstore.master.nodes import NodeLinks
 from kvstore.master.service import MasterService, add_to_server
+from kvstore.rpc.framing import join_address, split_address
+from kvstore.rpc.server import FastServer
 from kvstore.v1 import store_pb2 as spb
 
 log = logging.getLogger(__name__)
@@ -48,6 +51,8 @@ class MasterOptions:
     metrics_host: str = "127.0.0.1"
     tick_interval: float = 0.1
     core: CoreConfig | None = None
+    # The fast control channel (kvstore.rpc) HOST:PORT; "": --listen's host, a free port.
+    fast_listen: str = ""
 
 
 class MasterDaemon:
@@ -64,6 +69,10 @@ class MasterDaemon:
         self.election = Election(self.etcd, self.layout, self.record, ttl=opts.etcd_lease_ttl)
         self.service = MasterService(self.core, self.election, self.metrics)
         self.links = NodeLinks(lambda: self.election.epoch)
+        self.live_config = LiveConfig(self.etcd, self.layout)
+        self._records: dict[str, NodeRecord] = {}
+        self._moves_wanted = asyncio.Event()
+        self._inflight: set[asyncio.Task[None]] = set()
         self.server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
@@ -85,12 +94,24 @@ class MasterDaemon:
         if port == 0:
             raise InvalidArgument(f"cannot listen on {self.opts.listen}; pick a free port with --listen")
         await self.server.start()
+        fast = FastServer(self.service.handle)
+        fast_listen = self.opts.fast_listen or join_address(split_address(self.opts.listen)[0], 0)
+        try:
+            fast_address = await fast.start(fast_listen)
+        except (OSError, ValueError) as exc:
+            await self.server.stop(grace=0)
+            raise InvalidArgument(
+                f"cannot listen on {fast_listen} for the fast channel ({exc}); pick a free "
+                "port with --fast-listen") from exc
+        self.record = replace(self.record, fast=fast_address)
+        self.election.record = self.record  # announced with the address by register()
         self.metrics.watch_core(lambda: self.core.stats(), lambda: self.election.is_leader,
                                 lambda: self.election.epoch)
         if self.opts.metrics_port:
             self.metrics.serve(self.opts.metrics_port, self.opts.metrics_host)
         await self.election.register()
-        log.info("master %s listening on %s", self.record.master_id, self.opts.listen)
+        log.info("master %s listening on %s (fast channel %s)", self.record.master_id,
+                 self.opts.listen, fast_address)
         campaign = asyncio.create_task(self.election.campaign(self._on_elected), name="campaign")
         lost = asyncio.create_task(self.election.lost.wait(), name="lease-lost")
         stop = asyncio.create_task(self._stop.wait(), name="stop")
@@ -101,6 +122,7 @@ class MasterDaemon:
         for task in (campaign, lost, stop, *self._tasks):
             with contextlib.suppress(asyncio.CancelledError, KVStoreError):
                 await task
+        await fast.close()
         await self.server.stop(grace=0.5)
         await self.election.resign()
         await self.links.close()
@@ -118,8 +140,11 @@ class MasterDaemon:
         """
         t0 = time.monotonic()
         config = replace(self.opts.core or CoreConfig(), first_lease_id=epoch << 32)
+        config, config_revision = await self.live_config.load(config)
         self.core = self.service.core = MasterCore(config, MonotonicClock())
         self.core.journal = []
+        await self.live_config.restore_draining(self.core)
+        self.core.on_move_queued = self._moves_wanted.set
         records, revision = await self.etcd.get_prefix(self.layout.nodes)
         nodes = [n for n in (self._mount(raw) for _key, raw in records) if n is not None]
         adopted = sum(await asyncio.gather(*(self._adopt(n) for n in nodes)))
@@ -129,12 +154,23 @@ class MasterDaemon:
                  "%.2f s", epoch, len(nodes), adopted, time.monotonic() - t0)
         self._tasks.append(asyncio.create_task(self._follow_nodes(revision + 1), name="nodes"))
         self._tasks.append(asyncio.create_task(self._tick_loop(), name="tick"))
+        self._tasks.append(asyncio.create_task(
+            self.live_config.follow(config_revision + 1, lambda: self.core), name="config"))
+        self._tasks.append(asyncio.create_task(self._mover_loop(), name="tier-moves"))
 
     def _mount(self, raw: bytes) -> str | None:
         try:
             node = NodeRecord.decode(raw)
+            prev = self._records.get(node.node_id)
+            if prev is not None and (prev.pid, prev.segment) != (node.pid, node.segment):
+                # The node restarted: it holds only what its inventory will say now.
+                self.core.unmount_node(node.node_id)
             self.core.mount_segment(node.node_id, node.segment, node.base_addr, node.size,
                                     node.tier)
+            if node.ssd_capacity:
+                self.core.mount_segment(node.node_id, f"ssd:{node.node_id}", 0,
+                                        node.ssd_capacity, "ssd")
+            self._records[node.node_id] = node
         except (ValueError, TypeError, KeyError, KVStoreError) as exc:
             log.error("ignoring a bad node record in etcd (%s): %r", exc, raw[:200])
             return None
@@ -162,8 +198,30 @@ class MasterDaemon:
                 node_id = ev.key[len(self.layout.nodes):].decode(errors="replace")
                 gone = self.core.unmount_node(node_id)
                 self.links.drop_node(node_id)
+                self._records.pop(node_id, None)
                 log.warning("node %s is gone (etcd lease ended); %d objects went with it",
                             node_id, len(gone))
+
+    async def _mover_loop(self) -> None:
+        """Carry out tier moves (demotions, promotions) as soon as the core asks."""
+        while True:
+            await self._moves_wanted.wait()
+            self._moves_wanted.clear()
+            groups: dict[str, list[TierMove]] = {}
+            for m in self.core.drain_tier_moves():
+                groups.setdefault(m.node_id, []).append(m)
+            for node_id, moves in groups.items():
+                task = asyncio.create_task(self._run_moves(node_id, moves))
+                self._inflight.add(task)
+                task.add_done_callback(self._inflight.discard)
+
+    async def _run_moves(self, node_id: str, moves: list[TierMove]) -> None:
+        items = [spb.MoveItem(kind=m.kind, key=m.key, size=m.size, checksum=m.checksum,
+                              dram_offset=m.dram_offset, ssd_offset=m.ssd_offset)
+                 for m in moves]
+        codes = await self.links.move(node_id, items)
+        for i, m in enumerate(moves):
+            self.core.finish_tier_move(m, Code(codes[i]) if codes else Code.UNAVAILABLE)
 
     async def _tick_loop(self) -> None:
         flush: asyncio.Task[None] | None = None
@@ -172,6 +230,7 @@ class MasterDaemon:
             try:
                 self.core.tick()
                 self.core.drain_events()
+                self._moves_wanted.set()  # eviction in tick() may have queued demotions
                 for c in self.core.drain_replica_changes():
                     self.links.queue(c.node_id, spb.Replica(
                         key=c.key, offset=c.offset, size=c.size, checksum=c.checksum,

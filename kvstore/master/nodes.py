@@ -116,6 +116,23 @@ class NodeLinks:
             return None
         return list(reply.replicas)
 
+    async def move(self, node_id: str, items: list[spb.MoveItem],
+                   timeout: float = 30.0) -> list[int] | None:
+        """Have a node copy between its tiers; per item a Code, or None if unreachable."""
+        link = self._links.get(node_id)
+        if link is None:
+            return None
+        try:
+            reply = await link.stub.Move(spb.MoveRequest(epoch=self._epoch(), items=items),
+                                         timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("tier moves on node %s failed (%s)", node_id, exc.code().name)
+            return None
+        if reply.error.code:
+            log.error("node %s refused tier moves: %s", node_id, reply.error.message)
+            return None
+        return list(reply.codes)
+
     async def close(self) -> None:
         for link in self._links.values():
             with contextlib.suppress(Exception):

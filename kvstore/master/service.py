@@ -1,28 +1,38 @@
-"""gRPC handlers of the master: translate messages into `MasterCore` calls and back.
+"""The master's RPC handlers: translate messages into `MasterCore` calls and back.
 
-Nothing here decides anything about objects; that is the core's job. The handlers only
-check that this master leads, convert types, and turn typed errors into `Error` fields.
-They run on the event loop thread and call the core synchronously: the core is plain
-Python and every call is bounded by the batch size, so there is no lock to take.
+Nothing here decides anything about objects; that is the core's job. A handler only
+checks that this master leads, converts types, and turns typed errors into `Error`
+fields. Every RPC is one plain method `request -> reply`, reached through
+`handle(method, request)`, which both transports call: the gRPC servicer methods below
+(the public contract) and the fast channel (kvstore.rpc). So leadership and epoch
+checks, metrics and error mapping cannot differ between them. Handlers run on the event
+loop thread and call the core synchronously: the core is plain Python and every call is
+bounded by the batch size, so there is no lock to take.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import grpc
+from google.protobuf.message import Message
 
 from kvstore.errors import Code, InvalidArgument, KVStoreError, NotLeader
-from kvstore.master.core import Location, MasterCore
+from kvstore.master.core import Location, MasterCore, ObjectInfo, SegmentStats
+from kvstore.master.core.config import live_settings
 from kvstore.master.metrics import MasterMetrics, counters
+from kvstore.rpc.methods import METHODS
 from kvstore.v1 import common_pb2 as cpb
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
 
-R = TypeVar("R")
+log = logging.getLogger(__name__)
+
+Body = Callable[[Any], Message]
 
 
 class Leadership(Protocol):
@@ -38,12 +48,40 @@ class Leadership(Protocol):
     def leader_address(self) -> str: ...
 
 
-def _locations(locs: Iterable[Location]) -> list[cpb.Location]:
-    return [
-        cpb.Location(node_id=loc.node_id, segment=loc.segment, addr=loc.addr, size=loc.size,
-                     tier=loc.tier)
-        for loc in locs
-    ]
+def _add_locations(field: Any, locs: Iterable[Location]) -> None:
+    # add() + attribute stores: about 3x faster with upb than building Location(...)
+    # objects and passing them to the parent's constructor, which copies them again.
+    add = field.add
+    for loc in locs:
+        m = add()
+        m.node_id = loc.node_id
+        m.segment = loc.segment
+        m.addr = loc.addr
+        m.size = loc.size
+        m.tier = loc.tier
+
+
+# Keys per ListKeys/Inspect reply: an admin call, but one reply must stay well under the
+# 64 MiB message limit (a key is at most 1 KiB).
+_MAX_LIST = 10_000
+
+
+def _node_status(seg: SegmentStats) -> pb.NodeStatus:
+    return pb.NodeStatus(node_id=seg.node_id, segment=seg.segment, tier=seg.tier,
+                         capacity=seg.capacity, used=seg.used, pinned=seg.pinned_bytes,
+                         objects=seg.replicas)
+
+
+def _fill_object(m: pb.ObjectInfo, info: ObjectInfo, now: float) -> None:
+    m.key = info.key
+    m.state = info.state
+    m.size = info.size
+    m.checksum = info.checksum
+    _add_locations(m.replicas, info.locations)
+    m.pins = info.pins
+    m.idle_seconds = max(0.0, now - info.last_access)
+    m.age_seconds = max(0.0, now - info.created)
+    m.writer = info.writer
 
 
 class MasterService(pbg.MasterServicer):
@@ -60,25 +98,65 @@ class MasterService(pbg.MasterServicer):
         # Called after calls that may change occupancy, so eviction events reach the
         # store nodes and the counters without waiting for the next tick.
         self._after_write = after_write or (lambda: None)
+        bodies: dict[str, Body] = {
+            "PutStart": self.put_start,
+            "PutEnd": self.put_end,
+            "PutRevoke": self.put_revoke,
+            "Remove": self.remove,
+            "Exists": self.exists,
+            "Lookup": self.lookup,
+            "GetReplicas": self.get_replicas,
+            "RenewLease": self.renew_lease,
+            "ReleaseLease": self.release_lease,
+            "MountSegment": self.mount_segment,
+            "UnmountSegment": self.unmount_segment,
+            "ClusterStatus": self.cluster_status,
+            "NodeList": self.node_list,
+            "ListKeys": self.list_keys,
+            "Inspect": self.inspect,
+            "EvictionStats": self.eviction_stats,
+            "Evict": self.evict,
+            "SetDraining": self.set_draining,
+            "Drain": self.drain,
+            "GetConfig": self.get_config,
+        }
+        missing = sorted(set(METHODS) - set(bodies))
+        if missing:
+            raise TypeError(f"MasterService has no handler for {missing} (see master.proto)")
+        # name -> (body, response type, latency histogram child), resolved once.
+        self._routes: dict[str, tuple[Body, type[Message], Any]] = {
+            name: (bodies[name], m.response, metrics.rpc_latency.labels(name))
+            for name, m in METHODS.items()
+        }
 
-    # -- plumbing -------------------------------------------------------------------
+    # -- the one entry point of both transports ----------------------------------------
 
-    def _run(self, name: str, response: type[R], body: Callable[[], R]) -> R:
+    def handle(self, method: str, request: Any) -> Any:
+        """Run one RPC: leadership check, body, epoch stamp, error mapping, metrics."""
+        body, response, latency = self._routes[method]
         t0 = time.perf_counter()
-        epoch = self.leadership.epoch
+        leadership = self.leadership
+        epoch = leadership.epoch
         try:
-            if not self.leadership.is_leader:
+            if not leadership.is_leader:
                 raise NotLeader(
                     "this master is a standby; the leader is at "
-                    f"{self.leadership.leader_address or 'an unknown address (election running)'}"
+                    f"{leadership.leader_address or 'an unknown address (election running)'}"
                 )
-            reply = body()
-            reply.epoch = epoch  # type: ignore[attr-defined]
+            reply: Any = body(request)
+            reply.epoch = epoch
         except KVStoreError as exc:
-            error = cpb.Error(code=int(exc.code), message=exc.message)  # type: ignore[arg-type]
-            reply = response(error=error, epoch=epoch)  # type: ignore[call-arg]
-            self.metrics.rpc_errors.labels(name, exc.code.name).inc()
-        self.metrics.rpc_latency.labels(name).observe(time.perf_counter() - t0)
+            reply = response(error=cpb.Error(code=int(exc.code), message=exc.message),  # type: ignore[arg-type]
+                             epoch=epoch)
+            self.metrics.rpc_errors.labels(method, exc.code.name).inc()
+        except Exception as exc:  # a bug in one call must not reach (or kill) a transport
+            log.exception("%s failed", method)
+            reply = response(error=cpb.Error(
+                code=int(Code.INTERNAL),  # type: ignore[arg-type]
+                message=f"the master failed to handle {method} ({type(exc).__name__}: {exc}); "
+                        "see its log"), epoch=epoch)
+            self.metrics.rpc_errors.labels(method, Code.INTERNAL.name).inc()
+        latency.observe(time.perf_counter() - t0)
         return reply
 
     def _ttl(self, expires_at: float) -> float:
@@ -86,121 +164,263 @@ class MasterService(pbg.MasterServicer):
 
     # -- writes ---------------------------------------------------------------------
 
-    async def PutStart(self, request: pb.PutStartRequest, context: Any) -> pb.PutStartResponse:
-        def body() -> pb.PutStartResponse:
-            results = self.core.put_start(
-                list(request.keys), list(request.sizes), list(request.checksums),
-                replicas=request.replicas or None, writer=request.writer,
-            )
-            self._after_write()
-            return pb.PutStartResponse(items=[
-                pb.PutStartItem(code=int(r.code), message=r.message,  # type: ignore[arg-type]
-                                locations=_locations(r.locations))
-                for r in results
-            ])
-        return self._run("PutStart", pb.PutStartResponse, body)
+    def put_start(self, request: pb.PutStartRequest) -> pb.PutStartResponse:
+        results = self.core.put_start(
+            list(request.keys), list(request.sizes), list(request.checksums),
+            replicas=request.replicas or None, writer=request.writer,
+        )
+        self._after_write()
+        reply = pb.PutStartResponse()
+        add = reply.items.add
+        for r in results:
+            item = add()
+            if r.code:
+                item.code = int(r.code)
+            if r.message:
+                item.message = r.message
+            _add_locations(item.locations, r.locations)
+        return reply
 
-    def _codes(self, codes: list[Code]) -> pb.CodesResponse:
+    @staticmethod
+    def _codes(codes: list[Code]) -> pb.CodesResponse:
         return pb.CodesResponse(codes=[int(c) for c in codes])  # type: ignore[misc]
 
-    async def PutEnd(self, request: pb.KeysRequest, context: Any) -> pb.CodesResponse:
-        return self._run("PutEnd", pb.CodesResponse,
-                         lambda: self._codes(self.core.put_end(list(request.keys), request.writer)))
+    def put_end(self, request: pb.KeysRequest) -> pb.CodesResponse:
+        return self._codes(self.core.put_end(list(request.keys), request.writer))
 
-    async def PutRevoke(self, request: pb.KeysRequest, context: Any) -> pb.CodesResponse:
-        def body() -> pb.CodesResponse:
-            reply = self._codes(self.core.put_revoke(list(request.keys), request.writer))
-            self._after_write()
-            return reply
-        return self._run("PutRevoke", pb.CodesResponse, body)
+    def put_revoke(self, request: pb.KeysRequest) -> pb.CodesResponse:
+        reply = self._codes(self.core.put_revoke(list(request.keys), request.writer))
+        self._after_write()
+        return reply
 
-    async def Remove(self, request: pb.RemoveRequest, context: Any) -> pb.CodesResponse:
-        def body() -> pb.CodesResponse:
-            reply = self._codes(self.core.remove(list(request.keys), force=request.force))
-            self._after_write()
-            return reply
-        return self._run("Remove", pb.CodesResponse, body)
+    def remove(self, request: pb.RemoveRequest) -> pb.CodesResponse:
+        reply = self._codes(self.core.remove(list(request.keys), force=request.force))
+        self._after_write()
+        return reply
 
     # -- reads ----------------------------------------------------------------------
 
-    async def Exists(self, request: pb.KeysRequest, context: Any) -> pb.ExistsResponse:
-        return self._run("Exists", pb.ExistsResponse,
-                         lambda: pb.ExistsResponse(exists=self.core.exists(list(request.keys))))
+    def exists(self, request: pb.KeysRequest) -> pb.ExistsResponse:
+        return pb.ExistsResponse(exists=self.core.exists(list(request.keys)))
 
-    async def Lookup(self, request: pb.LookupRequest, context: Any) -> pb.LookupResponse:
-        def body() -> pb.LookupResponse:
-            r = self.core.lookup(list(request.keys), request.lease_ttl or None, request.holder)
-            return pb.LookupResponse(count=r.count, lease_id=r.lease_id,
-                                     ttl_remaining=self._ttl(r.expires_at))
-        return self._run("Lookup", pb.LookupResponse, body)
+    def lookup(self, request: pb.LookupRequest) -> pb.LookupResponse:
+        r = self.core.lookup(list(request.keys), request.lease_ttl or None, request.holder)
+        return pb.LookupResponse(count=r.count, lease_id=r.lease_id,
+                                 ttl_remaining=self._ttl(r.expires_at))
 
-    async def GetReplicas(self, request: pb.GetReplicasRequest,
-                          context: Any) -> pb.GetReplicasResponse:
-        def body() -> pb.GetReplicasResponse:
-            r = self.core.get_replicas(list(request.keys), request.lease_id or None,
-                                       request.lease_ttl or None, request.holder)
-            return pb.GetReplicasResponse(
-                lease_id=r.lease_id,
-                ttl_remaining=self._ttl(r.expires_at),
-                items=[pb.ReadItem(code=int(i.code), size=i.size, checksum=i.checksum,  # type: ignore[arg-type]
-                                   locations=_locations(i.locations)) for i in r.results],
-            )
-        return self._run("GetReplicas", pb.GetReplicasResponse, body)
+    def get_replicas(self, request: pb.GetReplicasRequest) -> pb.GetReplicasResponse:
+        r = self.core.get_replicas(list(request.keys), request.lease_id or None,
+                                   request.lease_ttl or None, request.holder)
+        reply = pb.GetReplicasResponse(lease_id=r.lease_id, ttl_remaining=self._ttl(r.expires_at))
+        add = reply.items.add
+        for i in r.results:
+            item = add()
+            if i.code:
+                item.code = int(i.code)
+            item.size = i.size
+            item.checksum = i.checksum
+            _add_locations(item.locations, i.locations)
+        return reply
 
-    async def RenewLease(self, request: pb.RenewLeaseRequest, context: Any) -> pb.LeaseResponse:
-        def body() -> pb.LeaseResponse:
-            expires_at = self.core.renew_lease(request.lease_id, request.ttl or None)
-            return pb.LeaseResponse(ttl_remaining=self._ttl(expires_at))
-        return self._run("RenewLease", pb.LeaseResponse, body)
+    def renew_lease(self, request: pb.RenewLeaseRequest) -> pb.LeaseResponse:
+        expires_at = self.core.renew_lease(request.lease_id, request.ttl or None)
+        return pb.LeaseResponse(ttl_remaining=self._ttl(expires_at))
 
-    async def ReleaseLease(self, request: pb.ReleaseLeaseRequest,
-                           context: Any) -> pb.LeaseResponse:
-        def body() -> pb.LeaseResponse:
-            keep = request.keep_first_n if request.HasField("keep_first_n") else None
-            self.core.release_lease(request.lease_id, keep)
-            return pb.LeaseResponse()
-        return self._run("ReleaseLease", pb.LeaseResponse, body)
+    def release_lease(self, request: pb.ReleaseLeaseRequest) -> pb.LeaseResponse:
+        keep = request.keep_first_n if request.HasField("keep_first_n") else None
+        self.core.release_lease(request.lease_id, keep)
+        return pb.LeaseResponse()
 
     # -- membership and status ------------------------------------------------------
 
+    def mount_segment(self, request: pb.MountSegmentRequest) -> pb.MountSegmentResponse:
+        if not request.node_id or not request.segment or request.size == 0:
+            raise InvalidArgument("MountSegment needs node_id, segment and a non-zero size")
+        self.core.mount_segment(request.node_id, request.segment, request.base_addr,
+                                request.size, request.tier or "dram")
+        return pb.MountSegmentResponse()
+
+    def unmount_segment(self, request: pb.UnmountSegmentRequest) -> pb.MountSegmentResponse:
+        self.core.unmount_node(request.node_id, reason="left")
+        self._after_write()
+        return pb.MountSegmentResponse()
+
+    def cluster_status(self, request: pb.ClusterStatusRequest) -> pb.ClusterStatusResponse:
+        s = self.core.stats()
+        return pb.ClusterStatusResponse(
+            leader=self.leadership.leader_address,
+            nodes=[
+                pb.NodeStatus(node_id=seg.node_id, segment=seg.segment, tier=seg.tier,
+                              capacity=seg.capacity, used=seg.used,
+                              pinned=seg.pinned_bytes, objects=seg.replicas)
+                for node in s.nodes.values() for seg in node.segments
+            ],
+            objects_complete=s.objects_complete,
+            objects_pending=s.objects_pending,
+            bytes_complete=s.bytes_complete,
+            bytes_pending=s.bytes_pending,
+            active_leases=s.active_leases,
+            counters_json=json.dumps(counters(s)),
+            recent_lookup_keys=s.recent.get("lookup_keys", 0),
+            recent_hit_keys=s.recent.get("hit_keys", 0),
+            recent_seconds=s.recent_seconds,
+            draining=s.draining,
+        )
+
+    # -- operator calls ---------------------------------------------------------------
+
+    def node_list(self, request: pb.NodeListRequest) -> pb.NodeListResponse:
+        now = self.core.clock.now()
+        reply = pb.NodeListResponse()
+        for n in self.core.node_list():
+            reply.nodes.add(
+                node_id=n.node_id, state=n.state, objects=n.objects,
+                gone_seconds=max(0.0, now - n.gone_at) if n.gone_at else 0.0,
+                objects_lost=n.objects_lost,
+                segments=[_node_status(seg) for seg in n.segments],
+            )
+        return reply
+
+    def list_keys(self, request: pb.ListKeysRequest) -> pb.ListKeysResponse:
+        limit = request.limit or 100
+        if limit > _MAX_LIST:
+            raise InvalidArgument(f"limit must be at most {_MAX_LIST} keys, got {limit}; "
+                                  "narrow the prefix instead")
+        keys = self.core.keys(request.prefix, limit + 1)
+        now = self.core.clock.now()
+        reply = pb.ListKeysResponse(truncated=len(keys) > limit)
+        for key in keys[:limit]:
+            info = self.core.inspect(key)
+            if info is not None:
+                _fill_object(reply.objects.add(), info, now)
+        return reply
+
+    def inspect(self, request: pb.KeysRequest) -> pb.InspectResponse:
+        if len(request.keys) > _MAX_LIST:
+            raise InvalidArgument(f"inspect at most {_MAX_LIST} keys per call, got {len(request.keys)}")
+        now = self.core.clock.now()
+        reply = pb.InspectResponse()
+        for key in request.keys:
+            item = reply.items.add()
+            info = self.core.inspect(key)
+            if info is None:
+                item.code = int(Code.NOT_FOUND)  # type: ignore[assignment]
+            else:
+                _fill_object(item.object, info, now)
+        return reply
+
+    def eviction_stats(self, request: pb.EvictionStatsRequest) -> pb.EvictionStatsResponse:
+        e = self.core.eviction_stats()
+        return pb.EvictionStatsResponse(
+            tiers=[pb.TierEvictions(
+                tier=t.tier, evicted=t.evicted, evicted_bytes=t.evicted_bytes,
+                recent_evicted=t.evicted_recent, recent_evicted_bytes=t.evicted_bytes_recent,
+                demoted=t.demoted, demoted_bytes=t.demoted_bytes,
+                recent_demoted=t.demoted_recent, recent_demoted_bytes=t.demoted_bytes_recent,
+            ) for t in e.tiers],
+            evict_high=e.evict_high, evict_low=e.evict_low,
+            pool_capacity=e.pool_capacity, pool_used=max(e.pool_used, 0),
+            pool_pinned=e.pool_pinned, pool_pending=e.pool_pending,
+            blocked=e.blocked, blocked_bytes=e.blocked_bytes,
+            blocked_pinned_bytes=e.blocked_pinned_bytes,
+            held_seconds=e.held_for, recent_seconds=e.recent_seconds,
+        )
+
+    def evict(self, request: pb.EvictRequest) -> pb.EvictResponse:
+        r = self.core.evict_to(request.ratio, request.max_objects or None)
+        self._after_write()
+        return pb.EvictResponse(evicted=r.evicted, evicted_bytes=r.evicted_bytes,
+                                used=max(r.used, 0), capacity=r.capacity, reached=r.reached,
+                                held=r.held, pinned=r.pinned)
+
+    def set_draining(self, request: pb.SetDrainingRequest) -> pb.SetDrainingResponse:
+        self.core.set_draining(request.node_id, request.draining)
+        return pb.SetDrainingResponse(draining=self.core.draining())
+
+    def drain(self, request: pb.DrainRequest) -> pb.DrainResponse:
+        r = self.core.drain(request.node_id, request.max_objects or 1000)
+        self._after_write()
+        return pb.DrainResponse(
+            dropped=r.dropped, dropped_bytes=r.dropped_bytes,
+            sole_keys=[k for k, _ in r.sole], sole_sizes=[size for _, size in r.sole],
+            remaining=r.remaining, remaining_pinned=r.remaining_pinned,
+            remaining_pending=r.remaining_pending,
+        )
+
+    def get_config(self, request: pb.GetConfigRequest) -> pb.GetConfigResponse:
+        return pb.GetConfigResponse(settings=[
+            pb.ConfigSetting(name=name, value=value)
+            for name, value in live_settings(self.core.config).items()
+        ])
+
+    # -- the gRPC servicer: the public contract, same handlers -------------------------
+
+    async def PutStart(self, request: pb.PutStartRequest, context: Any) -> pb.PutStartResponse:
+        return self.handle("PutStart", request)
+
+    async def PutEnd(self, request: pb.KeysRequest, context: Any) -> pb.CodesResponse:
+        return self.handle("PutEnd", request)
+
+    async def PutRevoke(self, request: pb.KeysRequest, context: Any) -> pb.CodesResponse:
+        return self.handle("PutRevoke", request)
+
+    async def Remove(self, request: pb.RemoveRequest, context: Any) -> pb.CodesResponse:
+        return self.handle("Remove", request)
+
+    async def Exists(self, request: pb.KeysRequest, context: Any) -> pb.ExistsResponse:
+        return self.handle("Exists", request)
+
+    async def Lookup(self, request: pb.LookupRequest, context: Any) -> pb.LookupResponse:
+        return self.handle("Lookup", request)
+
+    async def GetReplicas(self, request: pb.GetReplicasRequest,
+                          context: Any) -> pb.GetReplicasResponse:
+        return self.handle("GetReplicas", request)
+
+    async def RenewLease(self, request: pb.RenewLeaseRequest, context: Any) -> pb.LeaseResponse:
+        return self.handle("RenewLease", request)
+
+    async def ReleaseLease(self, request: pb.ReleaseLeaseRequest,
+                           context: Any) -> pb.LeaseResponse:
+        return self.handle("ReleaseLease", request)
+
     async def MountSegment(self, request: pb.MountSegmentRequest,
                            context: Any) -> pb.MountSegmentResponse:
-        def body() -> pb.MountSegmentResponse:
-            if not request.node_id or not request.segment or request.size == 0:
-                raise InvalidArgument("MountSegment needs node_id, segment and a non-zero size")
-            self.core.mount_segment(request.node_id, request.segment, request.base_addr,
-                                    request.size, request.tier or "dram")
-            return pb.MountSegmentResponse()
-        return self._run("MountSegment", pb.MountSegmentResponse, body)
+        return self.handle("MountSegment", request)
 
     async def UnmountSegment(self, request: pb.UnmountSegmentRequest,
                              context: Any) -> pb.MountSegmentResponse:
-        def body() -> pb.MountSegmentResponse:
-            self.core.unmount_node(request.node_id)
-            self._after_write()
-            return pb.MountSegmentResponse()
-        return self._run("UnmountSegment", pb.MountSegmentResponse, body)
+        return self.handle("UnmountSegment", request)
 
     async def ClusterStatus(self, request: pb.ClusterStatusRequest,
                             context: Any) -> pb.ClusterStatusResponse:
-        def body() -> pb.ClusterStatusResponse:
-            s = self.core.stats()
-            return pb.ClusterStatusResponse(
-                leader=self.leadership.leader_address,
-                nodes=[
-                    pb.NodeStatus(node_id=seg.node_id, segment=seg.segment, tier=seg.tier,
-                                  capacity=seg.capacity, used=seg.used,
-                                  pinned=seg.pinned_bytes, objects=seg.replicas)
-                    for node in s.nodes.values() for seg in node.segments
-                ],
-                objects_complete=s.objects_complete,
-                objects_pending=s.objects_pending,
-                bytes_complete=s.bytes_complete,
-                bytes_pending=s.bytes_pending,
-                active_leases=s.active_leases,
-                counters_json=json.dumps(counters(s)),
-            )
-        return self._run("ClusterStatus", pb.ClusterStatusResponse, body)
+        return self.handle("ClusterStatus", request)
+
+    async def NodeList(self, request: pb.NodeListRequest, context: Any) -> pb.NodeListResponse:
+        return self.handle("NodeList", request)
+
+    async def ListKeys(self, request: pb.ListKeysRequest, context: Any) -> pb.ListKeysResponse:
+        return self.handle("ListKeys", request)
+
+    async def Inspect(self, request: pb.KeysRequest, context: Any) -> pb.InspectResponse:
+        return self.handle("Inspect", request)
+
+    async def EvictionStats(self, request: pb.EvictionStatsRequest,
+                            context: Any) -> pb.EvictionStatsResponse:
+        return self.handle("EvictionStats", request)
+
+    async def Evict(self, request: pb.EvictRequest, context: Any) -> pb.EvictResponse:
+        return self.handle("Evict", request)
+
+    async def SetDraining(self, request: pb.SetDrainingRequest,
+                          context: Any) -> pb.SetDrainingResponse:
+        return self.handle("SetDraining", request)
+
+    async def Drain(self, request: pb.DrainRequest, context: Any) -> pb.DrainResponse:
+        return self.handle("Drain", request)
+
+    async def GetConfig(self, request: pb.GetConfigRequest, context: Any) -> pb.GetConfigResponse:
+        return self.handle("GetConfig", request)
 
 
 def add_to_server(service: MasterService, server: grpc.aio.Server) -> None:

@@ -32,6 +32,8 @@ from kvstore.errors import InvalidArgument, KVStoreError
 from kvstore.store.inventory import Inventory
 from kvstore.store.segment import DramSegment, boot_id
 from kvstore.store.service import StoreNodeService
+from kvstore.store.ssd import SsdTier
+from kvstore.store.tier_metrics import NodeCollector, TierCounters, serve_metrics
 from kvstore.transfer import Transfer
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
@@ -52,6 +54,10 @@ class StoreOptions:
     etcd_lease_ttl: int = 5
     metrics_port: int = 0
     listen: str = ""  # the node's gRPC address; default: --host with a free port
+    metrics_host: str = "127.0.0.1"
+    ssd_dir: str = ""  # no SSD tier unless set
+    ssd: int = 0  # SSD tier cap in bytes on disk
+    ssd_fsync: bool = True
 
 
 class StoreDaemon:
@@ -66,6 +72,8 @@ class StoreDaemon:
         self.lease_id = 0
         self._lease_lost = asyncio.Event()
         self.inventory = Inventory()
+        self.ssd: SsdTier | None = None
+        self.counters = TierCounters()
         self.server: grpc.aio.Server | None = None
         self.service_address = ""
 
@@ -75,6 +83,7 @@ class StoreDaemon:
             node_id=self.node_id, segment=self.transfer.segment_name,
             base_addr=self.segment.base_addr, size=self.segment.size, tier="dram",
             pid=os.getpid(), host=self.opts.host, service=self.service_address,
+            ssd_capacity=self.ssd.capacity_bytes if self.ssd is not None else 0,
             shm_path=self.segment.shm_path,
             shm_inode=os.fstat(self.segment.fd).st_ino, boot_id=boot_id(),
         )
@@ -84,12 +93,18 @@ class StoreDaemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         await self.etcd.connect()
+        if self.opts.ssd_dir:
+            self._open_ssd()
         self.segment = DramSegment(self.opts.dram, name=f"kvstore-{self.node_id}")
         self.transfer = Transfer(self.opts.host, self.opts.protocol, self.opts.device)
         self.transfer.register(self.segment.base_addr, self.segment.size)
         log.info("node %s: %d-byte segment registered as %s", self.node_id, self.segment.size,
                  self.transfer.segment_name)
         await self._serve()
+        if self.opts.metrics_port:
+            serve_metrics(NodeCollector(self.node_id, self.segment.size, self.inventory,
+                                        lambda: self.ssd, self.counters),
+                          self.opts.metrics_port, self.opts.metrics_host)
         tasks = [
             asyncio.create_task(self._announce_forever(), name="announce"),
             asyncio.create_task(self._mount_at_leaders(), name="mount"),
@@ -103,10 +118,25 @@ class StoreDaemon:
         await self._leave()
         return 0
 
+    def _open_ssd(self) -> None:
+        if self.opts.ssd <= 0:
+            raise InvalidArgument("--ssd-dir needs --ssd SIZE (the tier's cap on disk, e.g. 100GiB)")
+        self.ssd = SsdTier(self.opts.ssd_dir, self.opts.ssd, fsync=self.opts.ssd_fsync)
+        report = self.ssd.open()
+        # What survived the last run is readable again once the leader adopts it.
+        log.info("node %s: SSD tier %s re-indexed: %d objects (%d bytes) recovered, %d corrupt "
+                 "dropped, %d temp files removed, %d dropped over the cap, in %.2f s",
+                 self.node_id, self.opts.ssd_dir, report.recovered, report.bytes,
+                 report.corrupt, report.temp_removed, report.evicted_over_cap, report.seconds)
+        self.counters.corrupt += report.corrupt
+
     async def _serve(self) -> None:
-        self.server = grpc.aio.server()
-        spbg.add_StoreNodeServicer_to_server(StoreNodeService(self.node_id, self.inventory),
-                                             self.server)
+        assert self.segment is not None
+        self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
+                                               ("grpc.max_send_message_length", 256 << 20)])
+        service = StoreNodeService(self.node_id, self.inventory, self.segment, self.ssd,
+                                   self.counters)
+        spbg.add_StoreNodeServicer_to_server(service, self.server)
         listen = self.opts.listen or f"{self.opts.host}:0"
         try:
             port = self.server.add_insecure_port(listen)
@@ -189,4 +219,6 @@ class StoreDaemon:
             await self.server.stop(grace=0.5)
         if self.transfer is not None:
             self.transfer.close()
+        if self.ssd is not None:
+            self.ssd.close()
         log.info("node %s stopped", self.node_id)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from kvstore.errors import Code
+from kvstore.checksum import checksum
+from kvstore.errors import Code, KVStoreError
 from kvstore.store.inventory import Held, Inventory
+from kvstore.store.segment import DramSegment
+from kvstore.store.ssd import SsdTier
+from kvstore.store.tier_metrics import TierCounters
 from kvstore.v1 import common_pb2 as cpb
 from kvstore.v1 import store_pb2 as spb
 from kvstore.v1 import store_pb2_grpc as spbg
@@ -13,25 +18,90 @@ from kvstore.v1 import store_pb2_grpc as spbg
 _STALE = "a newer leader has taken over; this master's epoch is stale"
 
 
+def _stale(response: Any) -> Any:
+    return response(error=cpb.Error(code=Code.NOT_LEADER, message=_STALE))  # type: ignore[arg-type]
+
+
 class StoreNodeService(spbg.StoreNodeServicer):
-    def __init__(self, node_id: str, inventory: Inventory) -> None:
+    def __init__(self, node_id: str, inventory: Inventory, segment: DramSegment,
+                 ssd: SsdTier | None, counters: TierCounters) -> None:
         self.node_id = node_id
         self.inventory = inventory
+        self.segment = segment
+        self.ssd = ssd
+        self.counters = counters
+        self.ssd_tokens: dict[bytes, int] = {}  # key -> the leader's SSD reservation
 
     async def Apply(self, request: spb.ApplyRequest, context: Any) -> spb.ApplyResponse:
         if not self.inventory.admit_epoch(request.epoch):
-            return spb.ApplyResponse(error=cpb.Error(code=Code.NOT_LEADER, message=_STALE))  # type: ignore[arg-type]
+            return _stale(spb.ApplyResponse)  # type: ignore[no-any-return]
         self.inventory.apply(
             [(r.key, Held(r.offset, r.size, r.checksum)) for r in request.add if r.tier != "ssd"],
             [(r.key, r.offset) for r in request.drop if r.tier != "ssd"],
         )
+        # A drop names the reservation it frees: skip it if the key has been demoted
+        # again since (a newer copy under a newer reservation).
+        gone = [r.key for r in request.drop
+                if r.tier == "ssd" and self.ssd_tokens.get(r.key, r.offset) == r.offset]
+        for key in gone:
+            self.ssd_tokens.pop(key, None)
+        if gone and self.ssd is not None:
+            ssd = self.ssd
+            await asyncio.to_thread(lambda: [ssd.remove(k) for k in gone])
         return spb.ApplyResponse()
 
     async def Inventory(self, request: spb.InventoryRequest,
                         context: Any) -> spb.InventoryResponse:
         if not self.inventory.admit_epoch(request.epoch):
-            return spb.InventoryResponse(error=cpb.Error(code=Code.NOT_LEADER, message=_STALE))  # type: ignore[arg-type]
-        return spb.InventoryResponse(node_id=self.node_id, replicas=[
+            return _stale(spb.InventoryResponse)  # type: ignore[no-any-return]
+        replicas = [
             spb.Replica(key=k, offset=h.offset, size=h.size, checksum=h.checksum, tier="dram")
             for k, h in self.inventory.dram()
-        ])
+        ]
+        if self.ssd is not None:
+            replicas += [spb.Replica(key=e.key, size=e.size, checksum=e.checksum, tier="ssd")
+                         for e in self.ssd.entries()]
+        return spb.InventoryResponse(node_id=self.node_id, replicas=replicas)
+
+    async def Move(self, request: spb.MoveRequest, context: Any) -> spb.MoveResponse:
+        if not self.inventory.admit_epoch(request.epoch):
+            return _stale(spb.MoveResponse)  # type: ignore[no-any-return]
+        # Disk I/O runs in worker threads, several at once, off the event loop: the
+        # node keeps answering the leader (and its etcd keepalive) meanwhile.
+        codes = await asyncio.gather(*(asyncio.to_thread(self._move, item)
+                                       for item in request.items))
+        return spb.MoveResponse(codes=codes)  # type: ignore[arg-type]
+
+    def _move(self, item: spb.MoveItem) -> int:
+        ssd = self.ssd
+        if ssd is None:
+            return int(Code.NOT_FOUND)
+        end = item.dram_offset + item.size
+        if item.size == 0 or end > self.segment.size:
+            return int(Code.INVALID_ARGUMENT)
+        view = self.segment.view[item.dram_offset:end]
+        try:
+            if item.kind == "demote":
+                # Never persist bytes that are already wrong (a torn or stray write).
+                if checksum(view) != item.checksum:
+                    self.counters.corrupt += 1
+                    return int(Code.CORRUPT)
+                ssd.put(item.key, view, item.checksum)
+                self.ssd_tokens[item.key] = item.ssd_offset
+                self.counters.demotions += 1
+                self.counters.demoted_bytes += item.size
+            elif item.kind == "promote":
+                ssd.read_into(item.key, view)  # verifies the file's checksum
+                if checksum(view) != item.checksum:
+                    return int(Code.CORRUPT)
+                self.counters.promotions += 1
+                self.counters.promoted_bytes += item.size
+            else:
+                return int(Code.INVALID_ARGUMENT)
+        except KVStoreError as exc:
+            if exc.code == Code.CORRUPT:
+                self.counters.corrupt += 1
+            return int(exc.code)
+        finally:
+            view.release()
+        return int(Code.OK)

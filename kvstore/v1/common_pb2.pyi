@@ -19,6 +19,7 @@ class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CORRUPT: _ClassVar[Code]
     NOT_LEADER: _ClassVar[Code]
     INTERNAL: _ClassVar[Code]
+    BUSY: _ClassVar[Code]
 OK: Code
 NOT_FOUND: Code
 ALREADY_EXISTS: Code
@@ -31,6 +32,7 @@ UNAVAILABLE: Code
 CORRUPT: Code
 NOT_LEADER: Code
 INTERNAL: Code
+BUSY: Code
 
 class Error(_message.Message):
     __slots__ = ("code", "message")

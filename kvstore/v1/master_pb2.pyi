@@ -218,7 +218,7 @@ class NodeStatus(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., segment: _Optional[str] = ..., tier: _Optional[str] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., pinned: _Optional[int] = ..., objects: _Optional[int] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
-    __slots__ = ("error", "epoch", "leader", "nodes", "objects_complete", "objects_pending", "bytes_complete", "bytes_pending", "active_leases", "counters_json")
+    __slots__ = ("error", "epoch", "leader", "nodes", "objects_complete", "objects_pending", "bytes_complete", "bytes_pending", "active_leases", "counters_json", "recent_lookup_keys", "recent_hit_keys", "recent_seconds", "draining")
     ERROR_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
@@ -229,6 +229,10 @@ class ClusterStatusResponse(_message.Message):
     BYTES_PENDING_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_LEASES_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_JSON_FIELD_NUMBER: _ClassVar[int]
+    RECENT_LOOKUP_KEYS_FIELD_NUMBER: _ClassVar[int]
+    RECENT_HIT_KEYS_FIELD_NUMBER: _ClassVar[int]
+    RECENT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     error: _common_pb2.Error
     epoch: int
     leader: str
@@ -239,4 +243,256 @@ class ClusterStatusResponse(_message.Message):
     bytes_pending: int
     active_leases: int
     counters_json: str
-    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., leader: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., objects_complete: _Optional[int] = ..., objects_pending: _Optional[int] = ..., bytes_complete: _Optional[int] = ..., bytes_pending: _Optional[int] = ..., active_leases: _Optional[int] = ..., counters_json: _Optional[str] = ...) -> None: ...
+    recent_lookup_keys: int
+    recent_hit_keys: int
+    recent_seconds: float
+    draining: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., leader: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., objects_complete: _Optional[int] = ..., objects_pending: _Optional[int] = ..., bytes_complete: _Optional[int] = ..., bytes_pending: _Optional[int] = ..., active_leases: _Optional[int] = ..., counters_json: _Optional[str] = ..., recent_lookup_keys: _Optional[int] = ..., recent_hit_keys: _Optional[int] = ..., recent_seconds: _Optional[float] = ..., draining: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class NodeListRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeInfo(_message.Message):
+    __slots__ = ("node_id", "state", "segments", "objects", "gone_seconds", "objects_lost")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    GONE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_LOST_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    state: str
+    segments: _containers.RepeatedCompositeFieldContainer[NodeStatus]
+    objects: int
+    gone_seconds: float
+    objects_lost: int
+    def __init__(self, node_id: _Optional[str] = ..., state: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., objects: _Optional[int] = ..., gone_seconds: _Optional[float] = ..., objects_lost: _Optional[int] = ...) -> None: ...
+
+class NodeListResponse(_message.Message):
+    __slots__ = ("error", "epoch", "nodes")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    epoch: int
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ...) -> None: ...
+
+class ObjectInfo(_message.Message):
+    __slots__ = ("key", "state", "size", "checksum", "replicas", "pins", "idle_seconds", "age_seconds", "writer")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    PINS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WRITER_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    state: str
+    size: int
+    checksum: int
+    replicas: _containers.RepeatedCompositeFieldContainer[_common_pb2.Location]
+    pins: int
+    idle_seconds: float
+    age_seconds: float
+    writer: str
+    def __init__(self, key: _Optional[bytes] = ..., state: _Optional[str] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[_common_pb2.Location, _Mapping]]] = ..., pins: _Optional[int] = ..., idle_seconds: _Optional[float] = ..., age_seconds: _Optional[float] = ..., writer: _Optional[str] = ...) -> None: ...
+
+class ListKeysRequest(_message.Message):
+    __slots__ = ("prefix", "limit")
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    prefix: bytes
+    limit: int
+    def __init__(self, prefix: _Optional[bytes] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListKeysResponse(_message.Message):
+    __slots__ = ("error", "epoch", "objects", "truncated")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    epoch: int
+    objects: _containers.RepeatedCompositeFieldContainer[ObjectInfo]
+    truncated: bool
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., objects: _Optional[_Iterable[_Union[ObjectInfo, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class InspectItem(_message.Message):
+    __slots__ = ("code", "object")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_FIELD_NUMBER: _ClassVar[int]
+    code: _common_pb2.Code
+    object: ObjectInfo
+    def __init__(self, code: _Optional[_Union[_common_pb2.Code, str]] = ..., object: _Optional[_Union[ObjectInfo, _Mapping]] = ...) -> None: ...
+
+class InspectResponse(_message.Message):
+    __slots__ = ("error", "epoch", "items")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    epoch: int
+    items: _containers.RepeatedCompositeFieldContainer[InspectItem]
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., items: _Optional[_Iterable[_Union[InspectItem, _Mapping]]] = ...) -> None: ...
+
+class EvictionStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TierEvictions(_message.Message):
+    __slots__ = ("tier", "evicted", "evicted_bytes", "recent_evicted", "recent_evicted_bytes", "demoted", "demoted_bytes", "recent_demoted", "recent_demoted_bytes")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RECENT_EVICTED_FIELD_NUMBER: _ClassVar[int]
+    RECENT_EVICTED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEMOTED_FIELD_NUMBER: _ClassVar[int]
+    DEMOTED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RECENT_DEMOTED_FIELD_NUMBER: _ClassVar[int]
+    RECENT_DEMOTED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    tier: str
+    evicted: int
+    evicted_bytes: int
+    recent_evicted: int
+    recent_evicted_bytes: int
+    demoted: int
+    demoted_bytes: int
+    recent_demoted: int
+    recent_demoted_bytes: int
+    def __init__(self, tier: _Optional[str] = ..., evicted: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., recent_evicted: _Optional[int] = ..., recent_evicted_bytes: _Optional[int] = ..., demoted: _Optional[int] = ..., demoted_bytes: _Optional[int] = ..., recent_demoted: _Optional[int] = ..., recent_demoted_bytes: _Optional[int] = ...) -> None: ...
+
+class EvictionStatsResponse(_message.Message):
+    __slots__ = ("error", "epoch", "tiers", "evict_high", "evict_low", "pool_capacity", "pool_used", "pool_pinned", "pool_pending", "blocked", "blocked_bytes", "blocked_pinned_bytes", "held_seconds", "recent_seconds")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    EVICT_HIGH_FIELD_NUMBER: _ClassVar[int]
+    EVICT_LOW_FIELD_NUMBER: _ClassVar[int]
+    POOL_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    POOL_USED_FIELD_NUMBER: _ClassVar[int]
+    POOL_PINNED_FIELD_NUMBER: _ClassVar[int]
+    POOL_PENDING_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_PINNED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HELD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RECENT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    epoch: int
+    tiers: _containers.RepeatedCompositeFieldContainer[TierEvictions]
+    evict_high: float
+    evict_low: float
+    pool_capacity: int
+    pool_used: int
+    pool_pinned: int
+    pool_pending: int
+    blocked: int
+    blocked_bytes: int
+    blocked_pinned_bytes: int
+    held_seconds: float
+    recent_seconds: float
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierEvictions, _Mapping]]] = ..., evict_high: _Optional[float] = ..., evict_low: _Optional[float] = ..., pool_capacity: _Optional[int] = ..., pool_used: _Optional[int] = ..., pool_pinned: _Optional[int] = ..., pool_pending: _Optional[int] = ..., blocked: _Optional[int] = ..., blocked_bytes: _Optional[int] = ..., blocked_pinned_bytes: _Optional[int] = ..., held_seconds: _Optional[float] = ..., recent_seconds: _Optional[float] = ...) -> None: ...
+
+class EvictRequest(_message.Message):
+    __slots__ = ("ratio", "max_objects")
+    RATIO_FIELD_NUMBER: _ClassVar[int]
+    MAX_OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    ratio: float
+    max_objects: int
+    def __init__(self, ratio: _Optional[float] = ..., max_objects: _Optional[int] = ...) -> None: ...
+
+class EvictResponse(_message.Message):
+    __slots__ = ("error", "epoch", "evicted", "evicted_bytes", "used", "capacity", "reached", "held", "pinned")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    REACHED_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    epoch: int
+    evicted: int
+    evicted_bytes: int
+    used: int
+    capacity: int
+    reached: bool
+    held: bool
+    pinned: int
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., evicted: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., used: _Optional[int] = ..., capacity: _Optional[int] = ..., reached: _Optional[bool] = ..., held: _Optional[bool] = ..., pinned: _Optional[int] = ...) -> None: ...
+
+class SetDrainingRequest(_message.Message):
+    __slots__ = ("node_id", "draining")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    draining: bool
+    def __init__(self, node_id: _Optional[str] = ..., draining: _Optional[bool] = ...) -> None: ...
+
+class SetDrainingResponse(_message.Message):
+    __slots__ = ("error", "epoch", "draining")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    epoch: int
+    draining: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., draining: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ("node_id", "max_objects")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    max_objects: int
+    def __init__(self, node_id: _Optional[str] = ..., max_objects: _Optional[int] = ...) -> None: ...
+
+class DrainResponse(_message.Message):
+    __slots__ = ("error", "epoch", "dropped", "dropped_bytes", "sole_keys", "sole_sizes", "remaining", "remaining_pinned", "remaining_pending")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SOLE_KEYS_FIELD_NUMBER: _ClassVar[int]
+    SOLE_SIZES_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_PINNED_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_PENDING_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    epoch: int
+    dropped: int
+    dropped_bytes: int
+    sole_keys: _containers.RepeatedScalarFieldContainer[bytes]
+    sole_sizes: _containers.RepeatedScalarFieldContainer[int]
+    remaining: int
+    remaining_pinned: int
+    remaining_pending: int
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., dropped: _Optional[int] = ..., dropped_bytes: _Optional[int] = ..., sole_keys: _Optional[_Iterable[bytes]] = ..., sole_sizes: _Optional[_Iterable[int]] = ..., remaining: _Optional[int] = ..., remaining_pinned: _Optional[int] = ..., remaining_pending: _Optional[int] = ...) -> None: ...
+
+class GetConfigRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ConfigSetting(_message.Message):
+    __slots__ = ("name", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: float
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+
+class GetConfigResponse(_message.Message):
+    __slots__ = ("error", "epoch", "settings")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    epoch: int
+    settings: _containers.RepeatedCompositeFieldContainer[ConfigSetting]
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., settings: _Optional[_Iterable[_Union[ConfigSetting, _Mapping]]] = ...) -> None: ...

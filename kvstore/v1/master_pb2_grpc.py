@@ -98,6 +98,46 @@ class MasterStub:
                 request_serializer=kvstore_dot_v1_dot_master__pb2.ClusterStatusRequest.SerializeToString,
                 response_deserializer=kvstore_dot_v1_dot_master__pb2.ClusterStatusResponse.FromString,
                 _registered_method=True)
+        self.NodeList = channel.unary_unary(
+                '/kvstore.v1.Master/NodeList',
+                request_serializer=kvstore_dot_v1_dot_master__pb2.NodeListRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_master__pb2.NodeListResponse.FromString,
+                _registered_method=True)
+        self.ListKeys = channel.unary_unary(
+                '/kvstore.v1.Master/ListKeys',
+                request_serializer=kvstore_dot_v1_dot_master__pb2.ListKeysRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_master__pb2.ListKeysResponse.FromString,
+                _registered_method=True)
+        self.Inspect = channel.unary_unary(
+                '/kvstore.v1.Master/Inspect',
+                request_serializer=kvstore_dot_v1_dot_master__pb2.KeysRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_master__pb2.InspectResponse.FromString,
+                _registered_method=True)
+        self.EvictionStats = channel.unary_unary(
+                '/kvstore.v1.Master/EvictionStats',
+                request_serializer=kvstore_dot_v1_dot_master__pb2.EvictionStatsRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_master__pb2.EvictionStatsResponse.FromString,
+                _registered_method=True)
+        self.Evict = channel.unary_unary(
+                '/kvstore.v1.Master/Evict',
+                request_serializer=kvstore_dot_v1_dot_master__pb2.EvictRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_master__pb2.EvictResponse.FromString,
+                _registered_method=True)
+        self.SetDraining = channel.unary_unary(
+                '/kvstore.v1.Master/SetDraining',
+                request_serializer=kvstore_dot_v1_dot_master__pb2.SetDrainingRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_master__pb2.SetDrainingResponse.FromString,
+                _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/kvstore.v1.Master/Drain',
+                request_serializer=kvstore_dot_v1_dot_master__pb2.DrainRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_master__pb2.DrainResponse.FromString,
+                _registered_method=True)
+        self.GetConfig = channel.unary_unary(
+                '/kvstore.v1.Master/GetConfig',
+                request_serializer=kvstore_dot_v1_dot_master__pb2.GetConfigRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_master__pb2.GetConfigResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -179,6 +219,56 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def NodeList(self, request, context):
+        """Operator calls (`kvstore nodes|keys|inspect|evictions|evict|drain|config`). Like the
+        others they answer only on the leader and carry `error` and `epoch`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListKeys(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Inspect(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EvictionStats(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Evict(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetDraining(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Drain(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetConfig(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -241,6 +331,46 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ClusterStatus,
                     request_deserializer=kvstore_dot_v1_dot_master__pb2.ClusterStatusRequest.FromString,
                     response_serializer=kvstore_dot_v1_dot_master__pb2.ClusterStatusResponse.SerializeToString,
+            ),
+            'NodeList': grpc.unary_unary_rpc_method_handler(
+                    servicer.NodeList,
+                    request_deserializer=kvstore_dot_v1_dot_master__pb2.NodeListRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_master__pb2.NodeListResponse.SerializeToString,
+            ),
+            'ListKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListKeys,
+                    request_deserializer=kvstore_dot_v1_dot_master__pb2.ListKeysRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_master__pb2.ListKeysResponse.SerializeToString,
+            ),
+            'Inspect': grpc.unary_unary_rpc_method_handler(
+                    servicer.Inspect,
+                    request_deserializer=kvstore_dot_v1_dot_master__pb2.KeysRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_master__pb2.InspectResponse.SerializeToString,
+            ),
+            'EvictionStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.EvictionStats,
+                    request_deserializer=kvstore_dot_v1_dot_master__pb2.EvictionStatsRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_master__pb2.EvictionStatsResponse.SerializeToString,
+            ),
+            'Evict': grpc.unary_unary_rpc_method_handler(
+                    servicer.Evict,
+                    request_deserializer=kvstore_dot_v1_dot_master__pb2.EvictRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_master__pb2.EvictResponse.SerializeToString,
+            ),
+            'SetDraining': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetDraining,
+                    request_deserializer=kvstore_dot_v1_dot_master__pb2.SetDrainingRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_master__pb2.SetDrainingResponse.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=kvstore_dot_v1_dot_master__pb2.DrainRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_master__pb2.DrainResponse.SerializeToString,
+            ),
+            'GetConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetConfig,
+                    request_deserializer=kvstore_dot_v1_dot_master__pb2.GetConfigRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_master__pb2.GetConfigResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -571,6 +701,222 @@ class Master:
             '/kvstore.v1.Master/ClusterStatus',
             kvstore_dot_v1_dot_master__pb2.ClusterStatusRequest.SerializeToString,
             kvstore_dot_v1_dot_master__pb2.ClusterStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def NodeList(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.Master/NodeList',
+            kvstore_dot_v1_dot_master__pb2.NodeListRequest.SerializeToString,
+            kvstore_dot_v1_dot_master__pb2.NodeListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.Master/ListKeys',
+            kvstore_dot_v1_dot_master__pb2.ListKeysRequest.SerializeToString,
+            kvstore_dot_v1_dot_master__pb2.ListKeysResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Inspect(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.Master/Inspect',
+            kvstore_dot_v1_dot_master__pb2.KeysRequest.SerializeToString,
+            kvstore_dot_v1_dot_master__pb2.InspectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EvictionStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.Master/EvictionStats',
+            kvstore_dot_v1_dot_master__pb2.EvictionStatsRequest.SerializeToString,
+            kvstore_dot_v1_dot_master__pb2.EvictionStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Evict(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.Master/Evict',
+            kvstore_dot_v1_dot_master__pb2.EvictRequest.SerializeToString,
+            kvstore_dot_v1_dot_master__pb2.EvictResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetDraining(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.Master/SetDraining',
+            kvstore_dot_v1_dot_master__pb2.SetDrainingRequest.SerializeToString,
+            kvstore_dot_v1_dot_master__pb2.SetDrainingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.Master/Drain',
+            kvstore_dot_v1_dot_master__pb2.DrainRequest.SerializeToString,
+            kvstore_dot_v1_dot_master__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.Master/GetConfig',
+            kvstore_dot_v1_dot_master__pb2.GetConfigRequest.SerializeToString,
+            kvstore_dot_v1_dot_master__pb2.GetConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,6 +7,38 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class MoveItem(_message.Message):
+    __slots__ = ("kind", "key", "size", "checksum", "dram_offset", "ssd_offset")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    DRAM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SSD_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    key: bytes
+    size: int
+    checksum: int
+    dram_offset: int
+    ssd_offset: int
+    def __init__(self, kind: _Optional[str] = ..., key: _Optional[bytes] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., dram_offset: _Optional[int] = ..., ssd_offset: _Optional[int] = ...) -> None: ...
+
+class MoveRequest(_message.Message):
+    __slots__ = ("epoch", "items")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    items: _containers.RepeatedCompositeFieldContainer[MoveItem]
+    def __init__(self, epoch: _Optional[int] = ..., items: _Optional[_Iterable[_Union[MoveItem, _Mapping]]] = ...) -> None: ...
+
+class MoveResponse(_message.Message):
+    __slots__ = ("error", "codes")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    CODES_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    codes: _containers.RepeatedScalarFieldContainer[_common_pb2.Code]
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., codes: _Optional[_Iterable[_Union[_common_pb2.Code, str]]] = ...) -> None: ...
+
 class Replica(_message.Message):
     __slots__ = ("key", "offset", "size", "checksum", "tier")
     KEY_FIELD_NUMBER: _ClassVar[int]

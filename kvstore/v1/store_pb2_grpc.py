@@ -48,6 +48,11 @@ class StoreNodeStub:
                 request_serializer=kvstore_dot_v1_dot_store__pb2.InventoryRequest.SerializeToString,
                 response_deserializer=kvstore_dot_v1_dot_store__pb2.InventoryResponse.FromString,
                 _registered_method=True)
+        self.Move = channel.unary_unary(
+                '/kvstore.v1.StoreNode/Move',
+                request_serializer=kvstore_dot_v1_dot_store__pb2.MoveRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_store__pb2.MoveResponse.FromString,
+                _registered_method=True)
 
 
 class StoreNodeServicer:
@@ -71,6 +76,15 @@ class StoreNodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Move(self, request, context):
+        """Copies between the node's DRAM segment and its SSD tier, decided by the leader:
+        "demote" writes DRAM bytes at dram_offset to an SSD file; "promote" reads the
+        SSD file into DRAM at dram_offset. Each is checked against the checksum.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StoreNodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -83,6 +97,11 @@ def add_StoreNodeServicer_to_server(servicer, server):
                     servicer.Inventory,
                     request_deserializer=kvstore_dot_v1_dot_store__pb2.InventoryRequest.FromString,
                     response_serializer=kvstore_dot_v1_dot_store__pb2.InventoryResponse.SerializeToString,
+            ),
+            'Move': grpc.unary_unary_rpc_method_handler(
+                    servicer.Move,
+                    request_deserializer=kvstore_dot_v1_dot_store__pb2.MoveRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_store__pb2.MoveResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -143,6 +162,33 @@ class StoreNode:
             '/kvstore.v1.StoreNode/Inventory',
             kvstore_dot_v1_dot_store__pb2.InventoryRequest.SerializeToString,
             kvstore_dot_v1_dot_store__pb2.InventoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Move(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.StoreNode/Move',
+            kvstore_dot_v1_dot_store__pb2.MoveRequest.SerializeToString,
+            kvstore_dot_v1_dot_store__pb2.MoveResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -120,3 +120,50 @@ def test_paused_leader_is_fenced_and_steps_down(cluster_factory: Cluster) -> Non
         client.put(b"after", b"2")
         assert client.get(b"before") == b"1"
         assert client.get(b"after") == b"2"
+
+
+def test_etcd_restart_under_traffic_recovers_without_operator(cluster: Cluster) -> None:
+    c = cluster
+    stop = threading.Event()
+    wrong: list[bytes] = []
+    ok_after: list[float] = []
+    restarted_at: list[float] = []
+
+    def traffic() -> None:
+        with KVStoreClient(etcd=c.etcd, timeout=5) as client:
+            i = 0
+            while not stop.is_set():
+                key = f"et-{i}".encode()
+                try:
+                    client.put(key, value(i))
+                    got = client.get(key)
+                    if got is not None and got != value(i):
+                        wrong.append(key)
+                    if restarted_at and got == value(i):
+                        ok_after.append(time.monotonic())
+                except KVStoreError:
+                    time.sleep(0.05)
+                i += 1
+
+    t = threading.Thread(target=traffic)
+    t.start()
+    try:
+        time.sleep(1.0)
+        etcd = c.procs[0]
+        assert etcd.name == "etcd"
+        etcd.kill(signal.SIGKILL)
+        time.sleep(1.0)
+        c.spawn("etcd-again", etcd.cmd)
+        restarted_at.append(time.monotonic())
+        deadline = time.monotonic() + 20
+        while not ok_after and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        t.join(timeout=30)
+    assert not t.is_alive()
+    assert not wrong
+    assert ok_after, "the cluster did not serve again after etcd came back"
+    # membership and leadership survived: same nodes, still one leader
+    assert len(c.status().nodes) == 2
+    assert leader(c)[0] == c.masters[0][1]

@@ -62,6 +62,8 @@ METRICS: dict[str, set[str]] = {
     "kvstore_master_evicted_bytes_total": set(),
     "kvstore_master_reclaimed_pending_total": set(),
     "kvstore_master_put_failures_total": {"reason"},
+    "kvstore_master_eviction_blocked_total": set(),
+    "kvstore_master_eviction_blocked_bytes_total": set(),
 }
 HISTOGRAMS = {"kvstore_master_rpc_seconds"}
 TARGET_LABELS = {"job", "instance", "namespace", "pod", "service", "container", "endpoint"}

@@ -22,6 +22,7 @@ from .results import (
     ReplicaChange,
     SegmentStats,
     TickReport,
+    TierMove,
 )
 
 __all__ = [
@@ -44,4 +45,5 @@ __all__ = [
     "ReplicaChange",
     "SegmentStats",
     "TickReport",
+    "TierMove",
 ]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
 
 from kvstore.errors import InvalidArgument
 
@@ -25,6 +27,9 @@ class CoreConfig:
     # Events wait here until the I/O layer drains them; past this many the oldest are
     # dropped (and counted) rather than letting an idle drainer grow memory forever.
     max_events: int = 100_000
+    # Nodes that went (lease ended, or unmounted) stay listed this long, so an operator
+    # can still see what was lost with them.
+    departed_retention: float = 600.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.evict_low < self.evict_high <= 1.0:
@@ -57,3 +62,59 @@ class CoreConfig:
             raise InvalidArgument(f"first_lease_id must be >= 1, got {self.first_lease_id}")
         if not self.max_events >= 1:
             raise InvalidArgument(f"max_events must be >= 1, got {self.max_events}")
+        if not self.departed_retention >= 0:
+            raise InvalidArgument(
+                f"departed_retention must be >= 0 seconds, got {self.departed_retention}")
+
+
+# What an operator may change on a running leader (`kvstore config set NAME VALUE`).
+# The values live in etcd under Layout.config, one key per setting; the leader reads
+# them when elected and follows changes. Everything else in CoreConfig shapes data
+# structures (alignment, batch size, lease id space) and needs a restart.
+LIVE_SETTINGS: dict[str, str] = {
+    "evict_high": "fraction of the DRAM pool in use above which eviction starts",
+    "evict_low": "fraction of the DRAM pool eviction frees down to",
+    "max_lease_ttl": "longest read lease a client may ask for, in seconds",
+    "default_lease_ttl": "lease length when a client asks for none, in seconds",
+    "put_timeout": "seconds before an uncommitted put is reclaimed",
+}
+
+
+def parse_setting(name: str, text: str) -> float:
+    """The value of one live setting, from text; InvalidArgument with a sentence."""
+    if name not in LIVE_SETTINGS:
+        raise InvalidArgument(
+            f"{name!r} is not a live setting; choose one of {', '.join(LIVE_SETTINGS)}")
+    try:
+        value = float(text)
+    except ValueError:
+        raise InvalidArgument(f"{name} must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise InvalidArgument(f"{name} must be a finite number, got {text!r}")
+    if name.startswith("evict_") and not 0.0 < value <= 1.0:
+        raise InvalidArgument(
+            f"{name} is a fraction of the DRAM pool: it must be in (0, 1], got {value:g}")
+    if not name.startswith("evict_") and not value > 0:
+        raise InvalidArgument(f"{name} is a number of seconds: it must be > 0, got {value:g}")
+    return value
+
+
+def live_settings(config: CoreConfig) -> dict[str, float]:
+    return {name: float(getattr(config, name)) for name in LIVE_SETTINGS}
+
+
+def with_settings(config: CoreConfig, settings: Mapping[str, float]) -> CoreConfig:
+    """`config` with live settings replaced, checked as a whole (evict_low < evict_high,
+    default_lease_ttl <= max_lease_ttl ...): InvalidArgument names the conflict."""
+    unknown = sorted(set(settings) - set(LIVE_SETTINGS))
+    if unknown:
+        raise InvalidArgument(
+            f"{', '.join(unknown)} cannot change at run time; live settings are "
+            f"{', '.join(LIVE_SETTINGS)}")
+    return replace(config, **dict(settings))  # type: ignore[arg-type]
+
+
+def same_structure(a: CoreConfig, b: CoreConfig) -> bool:
+    """True when a and b differ in live settings only."""
+    return all(getattr(a, f.name) == getattr(b, f.name)
+               for f in fields(CoreConfig) if f.name not in LIVE_SETTINGS)

@@ -24,26 +24,29 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from kvstore.errors import MAX_KEY_BYTES, Code, InvalidArgument, check_key
+from kvstore.errors import MAX_KEY_BYTES, Code, InvalidArgument, NotFound, check_key
 
 from .clock import Clock, MonotonicClock
-from .config import CoreConfig
+from .config import CoreConfig, same_structure
 from .eviction import LruList
 from .leases import LeaseTable
 from .objects import PENDING, SLOT_BITS, SLOT_MASK, ObjectTable, PendingWrite
 from .placement import place
 from .results import (
     CoreStats,
+    DrainReport,
     Event,
     EventKind,
     EvictionReport,
+    EvictionStats,
     GetReplicasResult,
     Location,
     LookupResult,
+    NodeInfo,
     NodeStats,
     ObjectInfo,
     PutStartResult,
@@ -51,11 +54,41 @@ from .results import (
     ReplicaChange,
     SegmentStats,
     TickReport,
+    TierEvictions,
+    TierMove,
 )
 from .segments import DRAM, OFFSET_BITS, OFFSET_MASK, Segment, SegmentMap
+from .window import RecentCounts
 
 TIERS = ("dram", "ssd")
+SSD = "ssd"
+DEMOTE = "demote"
+PROMOTE = "promote"
+# Room an object takes in an SSD tier: the store node's file is a 64-byte header, the
+# key (at most 1 KiB) and the data, padded to 4 KiB (kvstore/store/ssd_format.py).
+# Accounting for the worst case keeps the node's disk use under its cap by construction.
+_SSD_OVERHEAD = 64 + MAX_KEY_BYTES
+
+
+def _alloc_size(tier: str, size: int) -> int:
+    if tier == DRAM:
+        return size
+    return (size + _SSD_OVERHEAD + 4095) & ~4095
+
+
+class _Move:
+    """An object moving between tiers: its token, and the reserved destination."""
+
+    __slots__ = ("dest", "kind", "token")
+
+    def __init__(self, kind: str, token: int, dest: int) -> None:
+        self.kind = kind
+        self.token = token
+        self.dest = dest
 _MAX_CHECKSUM = 1 << 64
+# Running totals the core keeps a one-minute, per-second history of (window.py).
+_RECENT = ("lookup_keys", "hit_keys", "evictions", "evicted_bytes", "demotions", "demoted_bytes",
+           "ssd_evictions", "ssd_evicted_bytes")
 
 
 def _norm_key(key: object) -> bytes | None:
@@ -110,9 +143,32 @@ class MasterCore:
         self._evicted_bytes = 0
         self._reclaimed = 0
         self._put_failures: dict[str, int] = {}
+        # Eviction that stopped short because what was left was pinned or PENDING.
+        self._blocked = 0
+        self._blocked_bytes = 0
+        self._blocked_pinned = 0
+        self._watermark_blocked = False  # a watermark shortfall counts once per episode
+        self._recent = RecentCounts(_RECENT, 60, start=self.clock.now())
+        # Nodes that get no new placements (kvstore drain). Kept while unmounted, so a
+        # draining node that restarts stays draining.
+        self._draining: set[str] = set()
+        # Nodes gone recently, listed by node_list() for config.departed_retention s.
+        self._departed: dict[str, NodeInfo] = {}
         # Replica journal for the store nodes' inventories; off (None) unless the
         # daemon wants it, so that nothing accumulates in tests and benchmarks.
         self.journal: list[ReplicaChange] | None = None
+        # SSD tier: per node, the LRU of SSD-only objects nobody pins; objects moving
+        # between tiers (slot -> move); moves queued for the I/O layer to carry out.
+        self._ssd_lru: dict[str, LruList] = {}
+        self._moves: dict[int, _Move] = {}
+        self._move_queue: list[TierMove] = []
+        self._demoting_space = 0  # DRAM bytes that in-flight demotions will free
+        self._tiered = False  # any SSD segment mounted
+        # Called (no I/O: it only wakes the mover) whenever a tier move is queued.
+        self.on_move_queued: Callable[[], None] | None = None
+        self._tier_counts: dict[str, int] = dict.fromkeys(
+            ("demotions", "demoted_bytes", "demotion_failures", "promotions",
+             "promoted_bytes", "promotion_failures", "ssd_evictions", "ssd_evicted_bytes"), 0)
 
     # ------------------------------------------------------------------ membership
 
@@ -139,17 +195,26 @@ class MasterCore:
             self._segments.remove(old)
             self._lose([old], node_id)
         self._segments.add(node_id, segment, base_addr, size, tier, self.config.alignment)
+        self._departed.pop(node_id, None)
         self._refresh_pool()
 
-    def unmount_node(self, node_id: str) -> list[bytes]:
+    def unmount_node(self, node_id: str, reason: str = "lost") -> list[bytes]:
         """Forget a node. Its replicas vanish at once. Returns the keys now gone: COMPLETE
         objects that lost their last replica, and PENDING objects that had a replica
-        there (their writer's put_end will get NOT_FOUND). Unknown node: []."""
+        there (their writer's put_end will get NOT_FOUND). Unknown node: [].
+        `reason` ("lost": its etcd lease ended; "left": it unmounted itself) is what
+        node_list() shows for it during config.departed_retention."""
+        segs = self._segments.by_node.get(node_id, {})
+        departed = NodeInfo(node_id, reason, [self._segment_stats(seg) for seg in segs.values()],
+                            0, self.clock.now())
         gone = self._segments.remove_node(node_id)
         if not gone:
             return []
+        self._departed[node_id] = departed
         self._refresh_pool()
-        return self._lose(gone, node_id)
+        lost = self._lose(gone, node_id)
+        departed.objects_lost = len(lost)
+        return lost
 
     def node_ids(self) -> list[str]:
         return sorted(self._segments.by_node)
@@ -314,6 +379,11 @@ class MasterCore:
             return LookupResult(0, 0, 0.0)
         now = self.clock.now()
         tokens = self._pin_slots(slots, now)
+        if self._tiered:
+            # Hits on SSD start their way back to DRAM now, so the load finds them there.
+            for s in slots:
+                if self._segments.by_id[t.where[s] >> OFFSET_BITS].tier != DRAM:
+                    self._queue_promotion(s)
         lease = self._leases.grant(holder, list(keys[:count]), tokens, ttl, now)
         self._leases_granted += 1
         return LookupResult(count, lease.lease_id, lease.expires_at)
@@ -461,27 +531,37 @@ class MasterCore:
         self._flush_evictions()
         report.evicted = self._evictions - before[0]
         report.evicted_bytes = self._evicted_bytes - before[1]
+        self._recent.observe(now, self._recent_totals())
+        self._forget_departed(now)
         return report
 
-    def evict_to(self, ratio: float) -> EvictionReport:
+    def evict_to(self, ratio: float, limit: int | None = None) -> EvictionReport:
         """Admin: evict unpinned COMPLETE objects, oldest first, until used <= ratio of
-        the DRAM pool (or nothing evictable is left). Honours hold_eviction_until."""
+        the DRAM pool (or nothing evictable is left). Honours hold_eviction_until.
+        With `limit`, evict at most that many objects in this call (an admin tool calls
+        again until `reached`, so one call never holds the master for long)."""
         if not 0.0 <= ratio <= 1.0:
             raise InvalidArgument(f"ratio must be between 0 and 1, got {ratio}")
+        if limit is not None and limit < 1:
+            raise InvalidArgument(f"limit must be >= 1 object per call, got {limit}")
         now = self.clock.now()
         before = (self._evictions, self._evicted_bytes)
         held = now < self._hold_until
         used = self._pool_used()
+        target = ratio * self._pool_capacity
         if not held:
-            used = self._evict_until(ratio * self._pool_capacity, used)
+            used = self._evict_until(target, used, limit)
             self._flush_evictions()
+            if used > target and (limit is None or self._evictions - before[0] < limit):
+                self._note_blocked(int(used - target))
         return EvictionReport(
             evicted=self._evictions - before[0],
             evicted_bytes=self._evicted_bytes - before[1],
             used=used,
             capacity=self._pool_capacity,
-            reached=used <= ratio * self._pool_capacity,
+            reached=used <= target,
             held=held,
+            pinned=self._pinned_space,
         )
 
     def drain_events(self) -> list[Event]:
@@ -520,6 +600,8 @@ class MasterCore:
         seg = self._segments.get(node_id, tier)
         if seg is None:
             return Code.NOT_FOUND
+        if tier != DRAM:
+            return self._adopt_ssd(k, size, checksum, seg)
         if offset + size > seg.alloc.capacity:
             return Code.INVALID_ARGUMENT
         t = self._objects
@@ -548,9 +630,9 @@ class MasterCore:
         seg.replicas += 1
         now = self.clock.now()
         s = t.new(k, size, checksum, (handle,), self._footprint((handle,), size), now)
-        self._lru.grow(t.slots)
+        self._grow_lrus()
         t.pins[s] = 0
-        self._lru.push(s)
+        self._lru_of(s).push(s)
         self._complete_size += size
         return Code.OK
 
@@ -562,6 +644,7 @@ class MasterCore:
     # ------------------------------------------------------------------ introspection
 
     def stats(self) -> CoreStats:
+        now = self.clock.now()
         t = self._objects
         pins = np.frombuffer(t.pins, dtype=np.int32).copy()
         where = np.frombuffer(t.where, dtype=np.uint64).copy()
@@ -634,6 +717,11 @@ class MasterCore:
             put_failures=dict(self._put_failures),
             events_dropped=self._events_dropped,
             eviction_held_until=max(self._hold_until, 0.0),
+            recent=self._recent.recent(now, self._recent_totals()),
+            recent_seconds=self._recent.covered(now),
+            draining=sorted(self._draining),
+            eviction_blocked=self._blocked,
+            eviction_blocked_bytes=self._blocked_bytes,
         )
 
     def inspect(self, key: bytes) -> ObjectInfo | None:
@@ -661,6 +749,183 @@ class MasterCore:
         if limit < 0:
             raise InvalidArgument(f"limit must be >= 0, got {limit}")
         return heapq.nsmallest(limit, (k for k in self._objects.index if k.startswith(prefix)))
+
+    # ------------------------------------------------------------------ administration
+
+    def set_draining(self, node_id: str, draining: bool = True, *, must_exist: bool = True) -> None:
+        """Mark a node draining or not. A draining node gets no new placements and its
+        DRAM leaves the pool the watermarks watch; what it holds stays readable until
+        drain() or eviction takes it. NotFound when marking a node that is not mounted,
+        unless `must_exist` is False (a new leader restores the marks before the nodes
+        mount). Unmarking an unknown node is a no-op."""
+        if not node_id:
+            raise InvalidArgument("node_id must be a non-empty string")
+        if draining:
+            if must_exist and node_id not in self._segments.by_node:
+                mounted = ", ".join(self.node_ids()) or "none"
+                raise NotFound(f"no store node {node_id!r} is mounted (mounted: {mounted})")
+            self._draining.add(node_id)
+        else:
+            self._draining.discard(node_id)
+        self._refresh_pool()
+
+    def draining(self) -> list[str]:
+        return sorted(self._draining)
+
+    def drain(self, node_id: str, limit: int = 1000) -> DrainReport:
+        """Admin: one step of emptying a node; marks it draining first.
+
+        Frees up to `limit` of its replicas whose object has another replica on another
+        node (readers still find that one), and lists up to `limit` COMPLETE objects
+        whose only replicas are here: the master never touches bytes, so a client must
+        copy those elsewhere (read, remove, put again) or let them go. Pinned and
+        PENDING objects are left alone: the promise holds, and a later step finds them
+        unpinned or committed. Call again until `remaining` is 0."""
+        if limit < 1:
+            raise InvalidArgument(f"limit must be >= 1 object per call, got {limit}")
+        self.set_draining(node_id, True)
+        segs = list(self._segments.by_node[node_id].values())
+        ids = {seg.seg_id for seg in segs}
+        t = self._objects
+        dropped = dropped_bytes = pinned = pending = 0
+        sole: list[tuple[bytes, int]] = []
+        for s in self._slots_on(ids):
+            p = t.pins[s]
+            if p == PENDING:
+                pending += 1
+                continue
+            if p > 0:
+                pinned += 1
+                continue
+            keep = tuple(h for h in t.handles(s) if h >> OFFSET_BITS not in ids)
+            if not keep:
+                if len(sole) < limit:
+                    sole.append((t.key_of[s], t.size[s]))  # type: ignore[arg-type]
+            elif dropped < limit:
+                self._drop_replicas(s, keep)
+                dropped += 1
+                dropped_bytes += t.size[s]
+        return DrainReport(
+            dropped=dropped,
+            dropped_bytes=dropped_bytes,
+            sole=sole,
+            remaining=sum(seg.replicas for seg in segs),
+            remaining_pinned=pinned,
+            remaining_pending=pending,
+        )
+
+    def node_list(self) -> list[NodeInfo]:
+        """Mounted nodes (alive or draining), then nodes gone within
+        config.departed_retention seconds, with what went with them."""
+        now = self.clock.now()
+        self._forget_departed(now)
+        out = [
+            NodeInfo(node_id, "draining" if node_id in self._draining else "alive",
+                     ns.segments, ns.objects)
+            for node_id, ns in self.stats().nodes.items()
+        ]
+        out += sorted(self._departed.values(), key=lambda n: n.node_id)
+        return out
+
+    def eviction_stats(self) -> EvictionStats:
+        now = self.clock.now()
+        recent = self._recent.recent(now, self._recent_totals())
+        tc = self._tier_counts
+        tiers = [TierEvictions(
+            DRAM, self._evictions, self._evicted_bytes, recent["evictions"],
+            recent["evicted_bytes"], tc.get("demotions", 0), tc.get("demoted_bytes", 0),
+            recent["demotions"], recent["demoted_bytes"],
+        )]
+        if self._segments.tier(SSD) or tc.get("ssd_evictions", 0):
+            tiers.append(TierEvictions(
+                SSD, tc.get("ssd_evictions", 0), tc.get("ssd_evicted_bytes", 0),
+                recent["ssd_evictions"], recent["ssd_evicted_bytes"],
+            ))
+        return EvictionStats(
+            tiers=tiers,
+            evict_high=self.config.evict_high,
+            evict_low=self.config.evict_low,
+            pool_capacity=self._pool_capacity,
+            pool_used=self._pool_used(),
+            pool_pinned=self._pinned_space,
+            pool_pending=self._pending_space,
+            blocked=self._blocked,
+            blocked_bytes=self._blocked_bytes,
+            blocked_pinned_bytes=self._blocked_pinned,
+            held_for=max(0.0, self._hold_until - now),
+            recent_seconds=self._recent.covered(now),
+        )
+
+    def reconfigure(self, config: CoreConfig) -> None:
+        """Swap in changed live settings (config.LIVE_SETTINGS) without a restart; a
+        config that differs in anything else is InvalidArgument. New watermarks apply
+        from the next put or tick, put_timeout to puts started from now on, the lease
+        TTLs to leases granted or renewed from now on."""
+        if not same_structure(self.config, config):
+            raise InvalidArgument(
+                "only live settings (evict_high, evict_low, max_lease_ttl, "
+                "default_lease_ttl, put_timeout) can change without a restart")
+        self.config = config
+
+    def _recent_totals(self) -> list[int]:
+        tc = self._tier_counts
+        return [self._lookup_keys, self._hit_keys, self._evictions, self._evicted_bytes,
+                tc.get("demotions", 0), tc.get("demoted_bytes", 0),
+                tc.get("ssd_evictions", 0), tc.get("ssd_evicted_bytes", 0)]
+
+    def _forget_departed(self, now: float) -> None:
+        if self._departed:
+            keep = self.config.departed_retention
+            for node_id in [n for n, d in self._departed.items() if now - d.gone_at > keep]:
+                del self._departed[node_id]
+
+    def _no_segment_message(self) -> str:
+        if self._draining and self._segments.tier(DRAM):
+            return ("every store node with a DRAM segment is draining; undrain one "
+                    "(kvstore drain NODE --cancel) or add a node")
+        return "no store node has mounted a DRAM segment"
+
+    @staticmethod
+    def _segment_stats(seg: Segment) -> SegmentStats:
+        """A segment's numbers without the pin scan stats() makes."""
+        return SegmentStats(node_id=seg.node_id, segment=seg.name, tier=seg.tier,
+                            base_addr=seg.base_addr, capacity=seg.alloc.capacity,
+                            used=seg.alloc.used_bytes, free_largest=seg.alloc.largest_free(),
+                            replicas=seg.replicas, pinned_replicas=0, pinned_bytes=0)
+
+    def _slots_on(self, seg_ids: set[int]) -> list[int]:
+        """Live objects (PENDING or COMPLETE) with a replica in one of these segments.
+        Scans the index with numpy: for admin calls, not for a hot path."""
+        t = self._objects
+        where = np.frombuffer(t.where, dtype=np.uint64).copy()
+        pins = np.frombuffer(t.pins, dtype=np.int32).copy()
+        hit = np.isin(where >> np.uint64(OFFSET_BITS), np.array(sorted(seg_ids), dtype=np.uint64))
+        hit &= pins >= PENDING
+        found = set(np.flatnonzero(hit).tolist())
+        for s, extra in t.extra.items():
+            if any(h >> OFFSET_BITS in seg_ids for h in extra):
+                found.add(s)
+        return sorted(found)
+
+    def _drop_replicas(self, s: int, keep: tuple[int, ...]) -> None:
+        """Free the replicas of unpinned COMPLETE object s that are not in `keep`."""
+        t = self._objects
+        size = t.size[s]
+        key = t.key_of[s]
+        by_id = self._segments.by_id
+        for h in t.handles(s):
+            if h in keep:
+                continue
+            seg = by_id.get(h >> OFFSET_BITS)
+            if seg is None:
+                continue
+            if self.journal is not None and key is not None:
+                self.journal.append(ReplicaChange(seg.node_id, seg.tier, key, h & OFFSET_MASK,
+                                                  size, t.checksum[s], False))
+            seg.alloc.free(h & OFFSET_MASK, _alloc_size(seg.tier, size))
+            seg.replicas -= 1
+        t.space[s] = self._footprint(keep, size)
+        t.set_handles(s, keep)
 
     # ------------------------------------------------------------------ internals
 
@@ -705,11 +970,16 @@ class MasterCore:
         return total
 
     def _refresh_pool(self) -> None:
-        self._dram = self._segments.tier(DRAM)
+        self._tiered = bool(self._segments.tier(SSD))
+        # Draining nodes get no new placements, and their DRAM is not in the pool the
+        # watermarks watch: the rest of the cluster must hold the working set.
+        self._dram = [s for s in self._segments.tier(DRAM) if s.node_id not in self._draining]
         self._pool_capacity = sum(s.alloc.capacity for s in self._dram)
 
     def _pool_used(self) -> int:
-        return sum(s.alloc.used_bytes for s in self._dram)
+        # DRAM that in-flight demotions are about to free counts as free already, or
+        # every batch would demote more while the first demotions are still copying.
+        return sum(s.alloc.used_bytes for s in self._dram) - self._demoting_space
 
     def _put_failed(self, reason: str, message: str, code: Code = Code.INVALID_ARGUMENT) -> PutStartResult:
         self._put_failures[reason] = self._put_failures.get(reason, 0) + 1
@@ -748,7 +1018,7 @@ class MasterCore:
                 Code.IN_PROGRESS,
             )
         if not self._dram:
-            return self._put_failed("no_segment", "no store node has mounted a DRAM segment", Code.STORE_FULL)
+            return self._put_failed("no_segment", self._no_segment_message(), Code.STORE_FULL)
         if size > largest:
             return self._put_failed(
                 "too_large",
@@ -756,7 +1026,15 @@ class MasterCore:
                 Code.STORE_FULL,
             )
         asize = (size + self._align_mask) & ~self._align_mask
-        placed = place(self._dram, asize, want) or self._evict_for(asize, want, now)
+        placed = place(self._dram, asize, want)
+        if not placed and self._tiered and now >= self._hold_until and self._demote_for(asize):
+            # Dropping would lose objects the SSD tier has room for: make the writer
+            # wait a few ms for the demotions instead.
+            return self._put_failed(
+                "busy", f"making room: {self._demoting_space} bytes are moving to SSD; "
+                "retry in a few milliseconds", Code.BUSY)
+        if not placed:
+            placed = self._evict_for(asize, want, now)
         if not placed:
             return self._put_failed("store_full", self._full_message(now), Code.STORE_FULL)
         handles = []
@@ -766,7 +1044,7 @@ class MasterCore:
         space = asize * len(placed)
         s = t.new(key, size, checksum, handles, space, now)
         if s >= len(self._lru.prev):
-            self._lru.grow(t.slots)
+            self._grow_lrus()
         t.pending[s] = PendingWrite(writer, deadline)
         self._pending_space += space
         self._pending_size += size
@@ -790,6 +1068,11 @@ class MasterCore:
         size = t.size[s]
         h = t.where[s]
         seg = self._segments.by_id[h >> OFFSET_BITS]
+        if seg.tier != DRAM:
+            # Not readable over the Transfer Engine from a file: bring it into DRAM
+            # first; the reader asks again shortly (the object is pinned meanwhile).
+            self._queue_promotion(s)
+            return ReadResult(Code.IN_PROGRESS, size, t.checksum[s])
         locations = [Location(seg.node_id, seg.name, seg.base_addr + (h & OFFSET_MASK), size, seg.tier)]
         if s in t.extra:
             locations = self._locations(s)
@@ -822,7 +1105,11 @@ class MasterCore:
             touched[s] = now
             token(s | gen[s] << SLOT_BITS)
         if newly:
-            self._lru.unlink_all(newly)
+            if self._tiered or self._ssd_lru:
+                for s in newly:
+                    self._lru_of(s).unlink(s)
+            else:
+                self._lru.unlink_all(newly)
             space = t.space
             self._pinned_space += sum([space[s] for s in newly])
         return tokens
@@ -841,7 +1128,11 @@ class MasterCore:
             if p == 0:
                 freed.append(s)
         if freed:
-            self._lru.push_all(freed)
+            if self._tiered or self._ssd_lru:
+                for s in freed:
+                    self._lru_of(s).push(s)
+            else:
+                self._lru.push_all(freed)
             space = t.space
             self._pinned_space -= sum([space[s] for s in freed])
 
@@ -874,8 +1165,11 @@ class MasterCore:
         for h in t.handles(s):
             seg = by_id.get(h >> OFFSET_BITS)
             if seg is not None:
-                seg.alloc.free(h & OFFSET_MASK, size)
+                seg.alloc.free(h & OFFSET_MASK, _alloc_size(seg.tier, size))
                 seg.replicas -= 1
+        move = self._moves.pop(s, None)
+        if move is not None:
+            self._cancel_move(s, move)
         p = t.pins[s]
         if p == PENDING:
             self._pending_space -= t.space[s]
@@ -885,7 +1179,7 @@ class MasterCore:
             if p > 0:
                 self._pinned_space -= t.space[s]
             else:
-                self._lru.unlink(s)
+                self._lru_of(s).unlink(s)
         t.free(s)
 
     def _lose(self, segments: list[Segment], node_id: str) -> list[bytes]:
@@ -917,23 +1211,248 @@ class MasterCore:
             new_space = self._footprint(keep, t.size[s])
             if t.pins[s] > 0:
                 self._pinned_space += new_space - t.space[s]
+            move = self._moves.get(s)
+            if move is not None and move.kind == DEMOTE:
+                self._demoting_space += new_space - t.space[s]
             t.space[s] = new_space
             t.set_handles(s, keep)
         if gone:
             self._emit(Event(EventKind.NODE_LOST, gone, gone_size, node_id))
         return gone
 
+    # -- SSD tier: demotion and promotion ----------------------------------------
+    #
+    # An object lives in one tier at a time: DRAM (one or more replicas) or SSD (one
+    # replica, a file on one node). Moving it is a copy the store node makes, so a move
+    # is two steps: the core reserves the destination and pins the object with a
+    # synthetic pin (nothing evicts or re-allocates it meanwhile; readers still read
+    # the source), the I/O layer has the node copy (drain_tier_moves), then
+    # finish_tier_move swaps the replica and frees the source. A move whose node fails
+    # to copy leaves the object where it was (promotion) or drops it (a demotion was
+    # an eviction anyway).
+
+    def drain_tier_moves(self) -> list[TierMove]:
+        """Demotions started by eviction since the last call, for the nodes to carry out."""
+        out, self._move_queue = self._move_queue, []
+        return out
+
+    def _queue_promotion(self, s: int) -> None:
+        key = self._objects.key_of[s]
+        if key is not None and s not in self._moves:
+            self._move_queue.extend(self.promote([key]))
+            if self.on_move_queued is not None:
+                self.on_move_queued()
+
+    def promote(self, keys: Sequence[bytes]) -> list[TierMove]:
+        """Start bringing SSD-only objects back into DRAM on their node, so readers can
+        read them over the Transfer Engine. Returns the moves started now; keys already
+        moving, missing, or in DRAM start nothing (concurrent readers of one SSD object
+        cause one SSD read)."""
+        self._check_batch(len(keys))
+        t = self._objects
+        now = self.clock.now()
+        started: list[TierMove] = []
+        by_id = self._segments.by_id
+        for key in keys:
+            k = _norm_key(key)
+            s = t.index.get(k) if k is not None else None
+            if s is None or t.pins[s] < 0 or s in self._moves:
+                continue
+            h = t.where[s]
+            seg = by_id.get(h >> OFFSET_BITS)
+            if seg is None or seg.tier == DRAM:
+                continue
+            dram = self._segments.get(seg.node_id, DRAM)
+            if dram is None:
+                continue
+            size = t.size[s]
+            off = dram.alloc.allocate(size)
+            if off < 0:
+                # Make room by demoting (never by dropping: that would trade one
+                # object for another); the reader asks again and finds room then.
+                if now >= self._hold_until:
+                    self._demote_for(size)
+                continue
+            dram.replicas += 1
+            self._moves[s] = _Move(PROMOTE, s | t.gen[s] << SLOT_BITS, dram.handle(off))
+            if t.pins[s] == 0:
+                self._lru_of(s).unlink(s)
+            t.pins[s] += 1
+            t.touched[s] = now
+            started.append(TierMove(PROMOTE, seg.node_id, k, size, t.checksum[s], off))  # type: ignore[arg-type]
+        self._flush_evictions()
+        return started
+
+    def moving(self, key: bytes) -> bool:
+        s = self._objects.index.get(key)
+        return s is not None and s in self._moves
+
+    def finish_tier_move(self, move: TierMove, code: Code) -> None:
+        """The node's answer to a move: OK, or why not. CORRUPT/NOT_FOUND from a
+        promotion means the SSD copy is bad or gone: the object is dropped."""
+        t = self._objects
+        s = t.index.get(move.key)
+        m = self._moves.get(s) if s is not None else None
+        if s is None or m is None or m.kind != move.kind or t.slot_of(m.token) != s:
+            return  # the object went (removed, lost with its node) while moving
+        del self._moves[s]
+        by_id = self._segments.by_id
+        dest = by_id.get(m.dest >> OFFSET_BITS)
+        size = t.size[s]
+        old = t.handles(s)
+        t.pins[s] -= 1  # the synthetic pin
+        if move.kind == DEMOTE:
+            self._demoting_space -= t.space[s]
+            self._pinned_space -= t.space[s]
+        if code == Code.OK and dest is not None:
+            if self.journal is not None:
+                self._journal_replicas(s, move.key, False)
+            for h in old:
+                seg = by_id.get(h >> OFFSET_BITS)
+                if seg is not None:
+                    seg.alloc.free(h & OFFSET_MASK, _alloc_size(seg.tier, size))
+                    seg.replicas -= 1
+            t.set_handles(s, (m.dest,))
+            t.space[s] = self._footprint((m.dest,), size)
+            if t.pins[s] > 0:
+                self._pinned_space += t.space[s]
+            if self.journal is not None:
+                self._journal_replicas(s, move.key, True)
+            name = "demot" if move.kind == DEMOTE else "promot"
+            self._tier_counts[f"{name}ions"] += 1
+            self._tier_counts[f"{name}ed_bytes"] += size
+            if t.pins[s] == 0:
+                self._lru_of(s).push(s)
+            return
+        if dest is not None:
+            dest.alloc.free(m.dest & OFFSET_MASK, _alloc_size(dest.tier, size))
+            dest.replicas -= 1
+        name = "demotion" if move.kind == DEMOTE else "promotion"
+        self._tier_counts[f"{name}_failures"] += 1
+        if move.kind == DEMOTE and t.pins[s] > 0:
+            self._pinned_space += t.space[s]  # still pinned by a reader, still in DRAM
+        bad_copy = move.kind == PROMOTE and code in (Code.CORRUPT, Code.NOT_FOUND)
+        if t.pins[s] == 0:
+            self._lru_of(s).push(s)
+            if move.kind == DEMOTE or bad_copy:
+                # The demotion was an eviction: finish it by dropping the object.
+                self._evicted_keys.append(move.key)
+                self._evicted_size += size
+                self._evictions += 1
+                self._evicted_bytes += size
+                self._drop(s)
+                self._flush_evictions()
+        elif bad_copy:
+            self._drop(s)  # readers under a lease get NOT_FOUND, never bad bytes
+
+    def _demote_for(self, asize: int) -> bool:
+        """Demote oldest-first until in-flight demotions will free `asize` bytes;
+        True if any demotion is in flight (the caller should retry shortly)."""
+        while self._demoting_space < asize:
+            s = self._lru.oldest()
+            if not s or not self._start_demotion(s):
+                break
+        return self._demoting_space > 0
+
+    def _start_demotion(self, s: int) -> bool:
+        """Reserve SSD room on the node of s's first DRAM replica and queue the copy;
+        False when that node has no SSD tier or no room even after SSD eviction."""
+        t = self._objects
+        seg = self._segments.by_id[t.where[s] >> OFFSET_BITS]
+        ssd = self._segments.get(seg.node_id, SSD)
+        if ssd is None or s in self._moves:
+            return False
+        size = t.size[s]
+        need = _alloc_size(SSD, size)
+        off = ssd.alloc.allocate(need)
+        lru = self._ssd_lru.get(seg.node_id)
+        while off < 0 and lru is not None and lru.oldest():
+            victim = lru.oldest()
+            self._tier_counts["ssd_evictions"] += 1
+            self._tier_counts["ssd_evicted_bytes"] += t.size[victim]
+            self._evicted_keys.append(t.key_of[victim])  # type: ignore[arg-type]
+            self._evicted_size += t.size[victim]
+            self._drop(victim)
+            off = ssd.alloc.allocate(need)
+        if off < 0:
+            self._tier_counts["demotion_failures"] += 1
+            return False
+        ssd.replicas += 1
+        self._lru.unlink(s)
+        t.pins[s] = 1
+        self._pinned_space += t.space[s]
+        self._demoting_space += t.space[s]
+        key = t.key_of[s]
+        assert key is not None
+        self._moves[s] = _Move(DEMOTE, s | t.gen[s] << SLOT_BITS, ssd.handle(off))
+        self._move_queue.append(TierMove(DEMOTE, seg.node_id, key, size, t.checksum[s],
+                                         t.where[s] & OFFSET_MASK, off))
+        if self.on_move_queued is not None:
+            self.on_move_queued()
+        return True
+
+    def _cancel_move(self, s: int, m: _Move) -> None:
+        """The object is being dropped mid-move: release the move's reservation."""
+        t = self._objects
+        dest = self._segments.by_id.get(m.dest >> OFFSET_BITS)
+        if dest is not None:
+            dest.alloc.free(m.dest & OFFSET_MASK, _alloc_size(dest.tier, t.size[s]))
+            dest.replicas -= 1
+        if m.kind == DEMOTE:
+            self._demoting_space -= t.space[s]
+
+    def _adopt_ssd(self, k: bytes, size: int, checksum: int, seg: Segment) -> Code:
+        """Adopt an object a node holds on SSD (after a restart or a failover)."""
+        t = self._objects
+        s = t.index.get(k)
+        if s is not None:
+            return Code.OK if t.size[s] == size and t.checksum[s] == checksum else Code.INVALID_ARGUMENT
+        off = seg.alloc.allocate(_alloc_size(SSD, size))
+        if off < 0:
+            return Code.STORE_FULL
+        seg.replicas += 1
+        s = t.new(k, size, checksum, (seg.handle(off),), 0, self.clock.now())
+        self._grow_lrus()
+        t.pins[s] = 0
+        self._lru_of(s).push(s)
+        self._complete_size += size
+        return Code.OK
+
+    def _lru_of(self, s: int) -> LruList:
+        """The LRU an unpinned COMPLETE object belongs on: DRAM's, or its node's SSD one."""
+        seg = self._segments.by_id.get(self._objects.where[s] >> OFFSET_BITS)
+        if seg is None or seg.tier == DRAM:
+            return self._lru
+        lru = self._ssd_lru.get(seg.node_id)
+        if lru is None:
+            lru = self._ssd_lru[seg.node_id] = LruList()
+            lru.grow(self._objects.slots)
+        return lru
+
+    def _grow_lrus(self) -> None:
+        slots = self._objects.slots
+        self._lru.grow(slots)
+        for lru in self._ssd_lru.values():
+            lru.grow(slots)
+
+    def tier_counters(self) -> dict[str, int]:
+        return dict(self._tier_counts)
+
     # -- eviction policy (the order itself lives in eviction.LruList) --------------
 
-    def _evict_oldest(self) -> tuple[int, tuple[int, ...]]:
+    def _evict_oldest(self, demote: bool = False) -> tuple[int, tuple[int, ...]]:
         """Evict the least recently used evictable object: (DRAM bytes freed, its
-        replica handles), or (0, ()) when nothing is evictable."""
+        replica handles), or (0, ()) when nothing is evictable. With `demote`, an object
+        whose node has SSD room is demoted instead of dropped (its DRAM is freed once
+        the node has copied it)."""
         s = self._lru.oldest()
         if not s:
             return 0, ()
         t = self._objects
         freed = t.space[s]
         handles = t.handles(s)
+        if demote and self._tiered and self._start_demotion(s):
+            return freed, handles
         self._evicted_keys.append(t.key_of[s])  # type: ignore[arg-type]
         self._evicted_size += t.size[s]
         self._evictions += 1
@@ -941,14 +1460,16 @@ class MasterCore:
         self._drop(s)
         return freed, handles
 
-    def _evict_until(self, target: float, used: int) -> int:
-        """Evict until used <= target; returns used afterwards. Stops at the first
-        object that gets there, so it never evicts more than needed."""
-        while used > target:
-            freed, handles = self._evict_oldest()
+    def _evict_until(self, target: float, used: int, limit: int | None = None) -> int:
+        """Evict until used <= target (or `limit` objects went); returns used afterwards.
+        Stops at the first object that gets there, so it never evicts more than needed."""
+        n = 0
+        while used > target and (limit is None or n < limit):
+            freed, handles = self._evict_oldest(demote=True)
             if not handles:
                 break
             used -= freed
+            n += 1
         return used
 
     def _evict_to_watermark(self, now: float) -> None:
@@ -956,7 +1477,22 @@ class MasterCore:
             return
         used = self._pool_used()
         if used > self.config.evict_high * self._pool_capacity:
-            self._evict_until(self.config.evict_low * self._pool_capacity, used)
+            target = self.config.evict_low * self._pool_capacity
+            used = self._evict_until(target, used)
+            if used > target:
+                # Every tick retries; one shortfall episode is counted once.
+                if not self._watermark_blocked:
+                    self._note_blocked(int(used - target))
+                self._watermark_blocked = True
+                return
+        self._watermark_blocked = False
+
+    def _note_blocked(self, shortfall: int) -> None:
+        """Eviction stopped short by `shortfall` bytes: all that is left is pinned or
+        PENDING (never called while eviction is held after a failover)."""
+        self._blocked += 1
+        self._blocked_bytes += max(shortfall, 0)
+        self._blocked_pinned = self._pinned_space
 
     def _evict_for(self, asize: int, want: int, now: float) -> list[tuple[Segment, int]]:
         """Evict oldest-first until one replica of `asize` bytes fits, then place up to
@@ -970,10 +1506,12 @@ class MasterCore:
         while True:
             _, handles = self._evict_oldest()
             if not handles:
+                self._note_blocked(asize)
                 return []
             for h in handles:
                 seg = by_id.get(h >> OFFSET_BITS)
-                if seg is not None and seg.tier == DRAM and seg.alloc.largest_free() >= asize:
+                if (seg is not None and seg.tier == DRAM and seg.node_id not in self._draining
+                        and seg.alloc.largest_free() >= asize):
                     return place(self._dram, asize, want)
 
     def _flush_evictions(self) -> None:

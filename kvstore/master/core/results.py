@@ -80,6 +80,7 @@ class EvictionReport:
     capacity: int
     reached: bool  # used <= ratio * capacity afterwards
     held: bool = False  # nothing evicted because of hold_eviction_until
+    pinned: int = 0  # DRAM pool bytes pinned by leases afterwards (never evicted)
 
 
 @dataclass(slots=True)
@@ -132,6 +133,15 @@ class CoreStats:
     put_failures: dict[str, int]
     events_dropped: int
     eviction_held_until: float  # 0.0 when never held
+    # Counts over the last `recent_seconds` (at most one minute; see window.py), keyed
+    # like the counters above: lookup_keys, hit_keys, evictions, evicted_bytes.
+    recent: dict[str, int] = field(default_factory=dict)
+    recent_seconds: float = 0.0
+    draining: list[str] = field(default_factory=list)  # nodes that get no new placements
+    # Times eviction stopped short because what was left was pinned or PENDING, and the
+    # bytes it could not free (see EvictionStats).
+    eviction_blocked: int = 0
+    eviction_blocked_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -158,3 +168,79 @@ class ReplicaChange:
     size: int
     checksum: int
     added: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TierMove:
+    """A copy a store node must make between its DRAM segment and its SSD tier:
+    "demote" (DRAM at dram_offset -> SSD file) or "promote" (SSD file -> DRAM)."""
+
+    kind: str
+    node_id: str
+    key: bytes
+    size: int
+    checksum: int
+    dram_offset: int
+    ssd_offset: int = 0  # demotions: the SSD reservation (see MoveItem.ssd_offset)
+
+
+@dataclass(slots=True)
+class NodeInfo:
+    """One node as an operator sees it: mounted (alive or draining) or recently gone."""
+
+    node_id: str
+    state: str  # "alive", "draining", "lost" (its etcd lease ended) or "left" (unmounted)
+    segments: list[SegmentStats]  # for a gone node: as they were when it went
+    objects: int  # replicas it holds now (0 once gone)
+    gone_at: float = 0.0  # clock time it went; 0.0 while mounted
+    objects_lost: int = 0  # objects that went with it (their last replica was there)
+
+
+@dataclass(slots=True)
+class DrainReport:
+    """One step of draining a node (MasterCore.drain)."""
+
+    dropped: int  # replicas freed here whose object has another replica elsewhere
+    dropped_bytes: int
+    # (key, size) of COMPLETE, unpinned objects whose only replicas are on this node:
+    # they must be copied elsewhere by a client (or let go) for the node to empty.
+    sole: list[tuple[bytes, int]]
+    remaining: int  # replicas still on the node after this step
+    remaining_pinned: int  # ...of which pinned by a lease: wait for it to end
+    remaining_pending: int  # ...of which PENDING: wait for put_end or the timeout
+
+
+@dataclass(slots=True)
+class TierEvictions:
+    """Eviction from one tier. `demoted*` count objects moved one tier down (DRAM ->
+    SSD) instead of dropped; they stay 0 until a tier reports demotions."""
+
+    tier: str
+    evicted: int = 0
+    evicted_bytes: int = 0
+    evicted_recent: int = 0  # over EvictionStats.recent_seconds
+    evicted_bytes_recent: int = 0
+    demoted: int = 0
+    demoted_bytes: int = 0
+    demoted_recent: int = 0
+    demoted_bytes_recent: int = 0
+
+
+@dataclass(slots=True)
+class EvictionStats:
+    tiers: list[TierEvictions]
+    evict_high: float
+    evict_low: float
+    pool_capacity: int
+    pool_used: int
+    pool_pinned: int
+    pool_pending: int
+    # Times eviction stopped short because everything left was pinned or PENDING (an
+    # allocation that found no room, a watermark pass or an admin evict that could not
+    # reach its target), the bytes it could not free those times, and the pinned bytes
+    # when it last happened.
+    blocked: int
+    blocked_bytes: int
+    blocked_pinned_bytes: int
+    held_for: float  # seconds eviction is still held after a failover (0: not held)
+    recent_seconds: float

@@ -1,0 +1,110 @@
+"""How admin commands reach the cluster: the leader through etcd, or one --master.
+
+Admin calls go over gRPC (the public contract), one channel per command. A reply from a
+standby (NOT_LEADER) sends the command back to etcd for the leader once, unless the
+user pinned a master with --master.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import grpc
+
+from kvstore.coord.etcd import read_items_sync, read_key_sync
+from kvstore.coord.layout import Layout, MasterRecord
+from kvstore.errors import Code, Unavailable, error_for
+from kvstore.v1 import master_pb2_grpc as pbg
+
+# A ListKeys reply of 10,000 keys of up to 1 KiB is larger than gRPC's 4 MiB default.
+_OPTIONS = [("grpc.max_receive_message_length", 64 << 20)]
+
+
+def add_connection_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--etcd", default="127.0.0.1:2379", help="etcd HOST:PORT (default %(default)s)")
+    p.add_argument("--cluster", default="default", help="cluster name (etcd key prefix)")
+    p.add_argument("--master", default="",
+                   help="talk to this master HOST:PORT instead of finding the leader in etcd")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds per call (default %(default)s)")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+
+class Admin:
+    """A connection to the leader for one admin command. Use as a context manager."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.etcd: str = args.etcd
+        self.layout = Layout(args.cluster)
+        self.fixed: str = getattr(args, "master", "") or ""
+        self.timeout: float = getattr(args, "timeout", 10.0)
+        self.address = ""
+        self._channel: grpc.Channel | None = None
+        self._stub: pbg.MasterStub | None = None
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+            self._stub = None
+
+    # -- discovery ------------------------------------------------------------------
+
+    def leader_record(self) -> MasterRecord | None:
+        raw = read_key_sync(self.etcd, self.layout.leader, timeout=min(self.timeout, 3.0))
+        return MasterRecord.decode(raw) if raw is not None else None
+
+    def masters(self) -> list[MasterRecord]:
+        """Every master registered in etcd (leader and standbys)."""
+        out = []
+        for _key, raw in read_items_sync(self.etcd, self.layout.masters, timeout=min(self.timeout, 3.0)):
+            try:
+                out.append(MasterRecord.decode(raw))
+            except (ValueError, TypeError):
+                continue
+        return sorted(out, key=lambda m: m.master_id)
+
+    def _leader_address(self) -> str:
+        if self.fixed:
+            return self.fixed
+        record = self.leader_record()
+        if record is None:
+            raise Unavailable(f"no kvstore master is registered in etcd at {self.etcd} "
+                              f"(cluster {self.layout.root.decode()!r}); is a master running?")
+        return record.address
+
+    def _connect(self) -> pbg.MasterStub:
+        if self._stub is None:
+            self.address = self._leader_address()
+            self._channel = grpc.insecure_channel(self.address, options=_OPTIONS)
+            self._stub = pbg.MasterStub(self._channel)
+        return self._stub
+
+    # -- calls ----------------------------------------------------------------------
+
+    def call(self, method: str, request: Any) -> Any:
+        """One RPC to the leader; raises the typed error the reply carries."""
+        for attempt in range(2):
+            stub = self._connect()
+            try:
+                reply = getattr(stub, method)(request, timeout=self.timeout)
+            except grpc.RpcError as exc:
+                code = exc.code()  # type: ignore[attr-defined]
+                if code == grpc.StatusCode.UNIMPLEMENTED:
+                    raise Unavailable(f"the master at {self.address} does not know {method}; "
+                                      "upgrade it to this kvstore version") from exc
+                raise Unavailable(f"the master at {self.address} did not answer {method} "
+                                  f"({code.name}); is it running?") from exc
+            if reply.error.code == Code.NOT_LEADER and not self.fixed and attempt == 0:
+                self.close()  # the leader moved: look it up again
+                continue
+            if reply.error.code:
+                raise error_for(reply.error.code, reply.error.message)
+            return reply
+        raise AssertionError("unreachable")

@@ -1,0 +1,215 @@
+"""`kvstore drain NODE`: empty a store node so it can be stopped without losing data.
+
+1. The node is marked draining (in etcd, for a future leader, and on the leader): it
+   gets no new placements.
+2. The leader frees the node's replicas of objects that have another replica elsewhere
+   (readers use that one), batch by batch.
+3. Objects whose only replica is on the node need their bytes copied, and the master
+   never touches bytes: this process reads them with a KVStoreClient, removes them and
+   puts them again, which places them on the other nodes. Between the remove and the
+   put a reader misses them (and recomputes): a cache may miss, never serve wrong bytes.
+   With --no-move they are removed and reported gone instead.
+4. Pinned objects (a reader holds a lease) and uncommitted puts are waited for, up to
+   --wait seconds; whatever is left then is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from kvstore.admin.connect import Admin
+from kvstore.admin.output import ProgressBar, emit_json, key_json, size
+from kvstore.coord.etcd import write_keys_sync
+from kvstore.errors import Code, InvalidArgument, KVStoreError
+from kvstore.v1 import master_pb2 as pb
+
+# One read-remove-put round holds this many bytes in this process at most.
+_MOVE_BATCH_BYTES = 32 << 20
+_MOVE_BATCH_KEYS = 256
+
+
+class Mover:
+    """Copies sole replicas off a draining node through a client (lazily started: it
+    brings up a Transfer Engine)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self._client: Any = None
+        self.moved = 0
+        self.moved_bytes = 0
+        self.gone: list[tuple[bytes, str]] = []  # (key, why)
+        self.skipped = 0  # pinned or unreadable this round; retried next round
+
+    def client(self) -> Any:
+        if self._client is None:
+            from kvstore_client import KVStoreClient
+
+            self._client = KVStoreClient(self.args.etcd, master=self.args.master or None,
+                                         cluster=self.args.cluster, timeout=self.args.timeout)
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            with contextlib.suppress(KVStoreError):
+                self._client.close()
+
+    def move(self, sole: Sequence[tuple[bytes, int]]) -> int:
+        """Move these objects; returns how many left the node (moved or gone)."""
+        done = 0
+        for batch in _batches(sole):
+            done += self._move_batch([k for k, _ in batch])
+        return done
+
+    def _move_batch(self, keys: list[bytes]) -> int:
+        client = self.client()
+        values = client.get_many(keys)
+        readable = [(k, v) for k, v in zip(keys, values, strict=True) if v is not None]
+        self.skipped += len(keys) - len(readable)
+        if not readable:
+            return 0
+        codes = client.remove_many([k for k, _ in readable])
+        removed = [(k, v) for (k, v), c in zip(readable, codes, strict=True) if c == Code.OK]
+        # IN_PROGRESS: pinned since we read it (next round); NOT_FOUND: evicted meanwhile
+        self.skipped += sum(1 for c in codes if c == Code.IN_PROGRESS)
+        left = sum(1 for c in codes if c == Code.NOT_FOUND)
+        if not removed:
+            return left
+        errors = client.put_many([k for k, _ in removed], [v for _, v in removed])
+        for (k, v), err in zip(removed, errors, strict=True):
+            if err is None:
+                self.moved += 1
+                self.moved_bytes += len(v)
+            else:
+                self.gone.append((k, f"re-put failed: {err}"))
+        return left + len(removed)
+
+
+def _batches(items: Sequence[tuple[bytes, int]]) -> list[list[tuple[bytes, int]]]:
+    out: list[list[tuple[bytes, int]]] = []
+    cur: list[tuple[bytes, int]] = []
+    nbytes = 0
+    for k, n in items:
+        if cur and (nbytes + n > _MOVE_BATCH_BYTES or len(cur) >= _MOVE_BATCH_KEYS):
+            out.append(cur)
+            cur, nbytes = [], 0
+        cur.append((k, n))
+        nbytes += n
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _mark(admin: Admin, node_id: str, draining: bool) -> str:
+    """Record the mark in etcd (a new leader restores it); a warning when etcd is not
+    reachable, since the leader is told directly anyway."""
+    key = admin.layout.drain_mark(node_id)
+    try:
+        if draining:
+            write_keys_sync(admin.etcd, {key: b"1"})
+        else:
+            write_keys_sync(admin.etcd, {}, [key])
+    except KVStoreError as exc:
+        return f"warning: the mark is not stored in etcd ({exc.message}); a new leader will not know it"
+    return ""
+
+
+def drain(args: argparse.Namespace) -> int:
+    node_id = args.node
+    if not node_id:
+        raise InvalidArgument("name the node to drain, e.g. `kvstore drain node-1`")
+    if args.batch < 1:
+        raise InvalidArgument(f"--batch must be >= 1, got {args.batch}")
+    with Admin(args) as admin:
+        if args.cancel:
+            warning = _mark(admin, node_id, False)
+            reply = admin.call("SetDraining", pb.SetDrainingRequest(node_id=node_id, draining=False))
+            if args.json:
+                emit_json({"node_id": node_id, "draining": False, "draining_nodes": list(reply.draining)})
+            else:
+                print(f"{node_id} takes new placements again")
+            if warning:
+                print(warning, file=sys.stderr)
+            return 0
+        admin.call("SetDraining", pb.SetDrainingRequest(node_id=node_id, draining=True))
+        warning = _mark(admin, node_id, True)
+        mover = Mover(args)
+        try:
+            result = _drain_loop(admin, mover, node_id, args)
+        finally:
+            mover.close()
+    if warning:
+        result["warning"] = warning
+    if args.json:
+        emit_json(result)
+    else:
+        _print_result(result)
+    return 0 if result["complete"] else 1
+
+
+def _drain_loop(admin: Admin, mover: Mover, node_id: str, args: argparse.Namespace) -> dict[str, Any]:
+    bar = ProgressBar(f"draining {node_id}", 0, enabled=not args.json)
+    deadline = time.monotonic() + args.wait
+    dropped = dropped_bytes = 0
+    total = -1
+    while True:
+        r = admin.call("Drain", pb.DrainRequest(node_id=node_id, max_objects=args.batch))
+        dropped += r.dropped
+        dropped_bytes += r.dropped_bytes
+        if total < 0:
+            total = r.remaining + r.dropped
+        sole = list(zip(r.sole_keys, r.sole_sizes, strict=True))
+        progressed = r.dropped
+        if sole:
+            if args.no_move:
+                codes = admin.call("Remove", pb.RemoveRequest(keys=[k for k, _ in sole])).codes
+                for (k, _), c in zip(sole, codes, strict=True):
+                    if c == Code.OK:
+                        mover.gone.append((k, "only replica; dropped (--no-move)"))
+                    progressed += c in (Code.OK, Code.NOT_FOUND)
+            else:
+                progressed += mover.move(sole)
+        remaining = max(r.remaining - (progressed - r.dropped), 0)
+        total = max(total, dropped + mover.moved + len(mover.gone) + remaining)
+        bar.update(total - remaining, f"{dropped} dropped, {mover.moved} moved, "
+                   f"{len(mover.gone)} gone, {remaining} left", total=total)
+        if r.remaining == 0:
+            break
+        if not progressed:
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)  # pinned or pending: wait for leases to end and puts to commit
+    bar.finish()
+    return {
+        "node_id": node_id,
+        "complete": r.remaining == 0,
+        "dropped": dropped,  # replicas freed: another replica remains elsewhere
+        "dropped_bytes": dropped_bytes,
+        "moved": mover.moved,  # only replicas copied to other nodes
+        "moved_bytes": mover.moved_bytes,
+        "gone": [key_json(k) | {"reason": why} for k, why in mover.gone],
+        "remaining": r.remaining,
+        "remaining_pinned": r.remaining_pinned,
+        "remaining_pending": r.remaining_pending,
+    }
+
+
+def _print_result(d: dict[str, Any]) -> None:
+    print(f"{d['node_id']}: {d['dropped']} extra replicas dropped ({size(d['dropped_bytes'])}), "
+          f"{d['moved']} objects moved ({size(d['moved_bytes'])}), {len(d['gone'])} gone")
+    for g in d["gone"][:20]:
+        print(f"  gone: {g['key']}  ({g['reason']})")
+    if len(d["gone"]) > 20:
+        print(f"  ... and {len(d['gone']) - 20} more (--json lists them all)")
+    if d["complete"]:
+        print(f"{d['node_id']} is empty and draining; it can be stopped")
+    else:
+        print(f"{d['node_id']} still holds {d['remaining']} replicas ({d['remaining_pinned']} pinned "
+              f"by leases, {d['remaining_pending']} uncommitted); run drain again later")
+    if "warning" in d:
+        print(d["warning"])
+

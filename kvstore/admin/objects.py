@@ -1,0 +1,90 @@
+"""`kvstore keys` and `kvstore inspect`: what the index holds, key by key.
+
+Keys are bytes. They print escaped (printable ASCII as is, the rest as \\xNN), and a key
+given on the command line is read the same way, so a key copied from `kvstore keys`
+works as it is; `--hex` takes hex digits instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kvstore.admin.connect import Admin
+from kvstore.admin.output import emit_json, escape_key, key_json, parse_key, seconds, size, table
+from kvstore.errors import InvalidArgument
+from kvstore.v1 import master_pb2 as pb
+
+
+def object_dict(o: pb.ObjectInfo) -> dict[str, Any]:
+    return {
+        **key_json(o.key),
+        "state": o.state,
+        "size": o.size,
+        "checksum": f"{o.checksum:016x}",
+        "replicas": [{"node_id": r.node_id, "tier": r.tier, "segment": r.segment, "addr": r.addr}
+                     for r in o.replicas],
+        "pins": o.pins,
+        "idle_seconds": round(o.idle_seconds, 3),
+        "age_seconds": round(o.age_seconds, 3),
+        **({"writer": o.writer} if o.writer else {}),
+    }
+
+
+def keys(args: argparse.Namespace) -> int:
+    if args.limit < 1:
+        raise InvalidArgument(f"--limit must be >= 1, got {args.limit}")
+    prefix = parse_key(args.prefix, args.hex) if args.prefix else b""
+    with Admin(args) as admin:
+        reply = admin.call("ListKeys", pb.ListKeysRequest(prefix=prefix, limit=args.limit))
+    objects = [object_dict(o) for o in reply.objects]
+    if args.json:
+        emit_json({"epoch": reply.epoch, "prefix": escape_key(prefix), "objects": objects,
+                   "truncated": reply.truncated})
+        return 0
+    if not objects:
+        print("no keys" + (f" start with {escape_key(prefix)!r}" if prefix else ""))
+        return 0
+    rows = [["KEY", "STATE", "SIZE", "REPLICAS", "PINS", "IDLE"]]
+    rows += [[o["key"], o["state"], size(o["size"]),
+              ",".join(f"{r['node_id']}/{r['tier']}" for r in o["replicas"]),
+              str(o["pins"]), seconds(o["idle_seconds"])] for o in objects]
+    print(table(rows, right=[2, 4, 5]))
+    if reply.truncated:
+        print(f"... more keys match; raise --limit (now {args.limit}) or narrow --prefix")
+    return 0
+
+
+def inspect(args: argparse.Namespace) -> int:
+    wanted = [parse_key(k, args.hex) for k in args.keys]
+    with Admin(args) as admin:
+        reply = admin.call("Inspect", pb.KeysRequest(keys=wanted))
+    found = [(k, item.object if item.code == 0 else None)
+             for k, item in zip(wanted, reply.items, strict=True)]
+    if args.json:
+        out = [object_dict(o) | {"found": True} if o is not None else key_json(k) | {"found": False}
+               for k, o in found]
+        emit_json({"epoch": reply.epoch, "objects": out})
+        return 0 if all(o is not None for _, o in found) else 1
+    for i, (k, o) in enumerate(found):
+        if i:
+            print()
+        if o is None:
+            print(table([["key", escape_key(k)], ["state", "not found"]]))
+            continue
+        d = object_dict(o)
+        rows = [
+            ["key", d["key"]],
+            ["key (hex)", d["key_hex"]],
+            ["state", d["state"] + (f" (writer {d['writer']})" if "writer" in d else "")],
+            ["size", f"{size(d['size'])} ({d['size']} bytes)"],
+            ["checksum", d["checksum"]],
+            ["pins", f"{d['pins']} lease(s)" if d["pins"] else "none"],
+            ["last access", f"{seconds(d['idle_seconds'])} ago"],
+            ["created", f"{seconds(d['age_seconds'])} ago"],
+        ]
+        for j, r in enumerate(d["replicas"]):
+            rows.append(["replicas" if j == 0 else "",
+                         f"{r['node_id']}  {r['tier']}  {r['segment']}  0x{r['addr']:x}"])
+        print(table(rows))
+    return 0 if all(o is not None for _, o in found) else 1

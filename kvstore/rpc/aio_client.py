@@ -1,0 +1,155 @@
+"""The fast channel's asyncio client: many concurrent calls on one connection.
+
+Each call takes a fresh request id, writes its frame and waits on a future kept in the
+connection's `pending` table; replies may come back in any order and complete the
+future with their id. A call that times out gives up its future (a late reply is
+dropped); a lost connection fails every pending call with ConnectionError, and the next
+call connects again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import cast
+
+from google.protobuf.message import Message
+
+from kvstore.errors import error_for
+from kvstore.rpc.framing import (
+    HEADER,
+    MAX_FRAME,
+    ONE_WAY,
+    REPLY_OK,
+    FrameDecoder,
+    FrameError,
+    split_address,
+)
+from kvstore.rpc.methods import METHODS
+from kvstore.v1 import common_pb2 as cpb
+
+Reply = tuple[int, bytes]  # (tag, payload)
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, address: str, max_frame: int) -> None:
+        self.address = address
+        self.pending: dict[int, asyncio.Future[Reply]] = {}
+        self.transport: asyncio.Transport | None = None
+        self._decoder = FrameDecoder(max_frame)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        pending, self.pending = self.pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(ConnectionResetError(
+                    f"the connection to {self.address} was lost ({exc or 'closed'})"))
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self._decoder.feed(data)
+        except FrameError:
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        for request_id, tag, payload in frames:
+            fut = self.pending.pop(request_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result((tag, payload))
+
+    @property
+    def open(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing()
+
+
+class AsyncFastChannel:
+    """An asyncio connection to one master's fast port, shared by concurrent calls."""
+
+    def __init__(self, address: str, *, max_frame: int = MAX_FRAME,
+                 connect_timeout: float = 2.0) -> None:
+        self.address = address
+        self.max_frame = max_frame
+        self.connect_timeout = connect_timeout  # at most; a call's own timeout may be less
+        self.connects = 0
+        self.connect_failures = 0  # attempts that failed since the last connection opened
+        self._host, self._port = split_address(address)
+        self._conn: _Connection | None = None
+        self._connecting: asyncio.Lock | None = None
+        self._next_id = 0
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and self._conn.open
+
+    async def close(self) -> None:
+        if self._conn is not None and self._conn.transport is not None:
+            self._conn.transport.close()
+        self._conn = None
+
+    def _request_id(self) -> int:
+        self._next_id = self._next_id % 0xFFFFFFFF + 1
+        return self._next_id
+
+    async def _connection(self, timeout: float) -> _Connection:
+        conn = self._conn
+        if conn is not None and conn.open:
+            return conn
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:  # concurrent first calls share one connection
+            conn = self._conn
+            if conn is not None and conn.open:
+                return conn
+            loop = asyncio.get_running_loop()
+            try:
+                _, fresh = await asyncio.wait_for(loop.create_connection(
+                    lambda: _Connection(self.address, self.max_frame), self._host, self._port),
+                    min(timeout, self.connect_timeout))
+            except OSError:  # TimeoutError included
+                self.connect_failures += 1
+                raise
+            self._conn = fresh
+            self.connects += 1
+            self.connect_failures = 0
+            return fresh
+
+    async def call(self, method: str, request: Message, timeout: float) -> Message:
+        """Like FastChannel.call; other calls proceed on the same connection meanwhile."""
+        spec = METHODS[method]
+        payload = request.SerializeToString()
+        conn = await self._connection(timeout)
+        transport = conn.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError(f"the connection to {self.address} was lost")
+        loop = asyncio.get_running_loop()
+        request_id = self._request_id()
+        fut: asyncio.Future[Reply] = loop.create_future()
+        conn.pending[request_id] = fut
+        timer = loop.call_later(timeout, _expire, fut)
+        try:
+            transport.write(HEADER.pack(len(payload), request_id, spec.id) + payload)
+            tag, body = await fut
+        finally:
+            timer.cancel()
+            conn.pending.pop(request_id, None)
+        if tag == REPLY_OK:
+            return spec.response.FromString(body)
+        error = cpb.Error.FromString(body)
+        raise error_for(error.code, error.message)
+
+    def send_oneway(self, method: str, request: Message) -> bool:
+        """Queue a one-way request on the open connection; False if there is none."""
+        conn = self._conn
+        if conn is None or not conn.open or conn.transport is None:
+            return False
+        payload = request.SerializeToString()
+        conn.transport.write(HEADER.pack(len(payload), ONE_WAY, METHODS[method].id) + payload)
+        return True
+
+
+def _expire(fut: asyncio.Future[Reply]) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError("timed out"))

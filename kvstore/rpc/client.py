@@ -1,0 +1,183 @@
+"""The fast channel's blocking client: one socket, one call in flight, no threads.
+
+A call is one `sendall` of the request frame and `recv`s until its reply frame is
+whole (usually one). One-way requests (a lease release nobody waits for) are not
+answered; they are queued with MSG_MORE, so the kernel sends them together with the
+next request, or on its own within ~200 ms (Linux's cork limit) if none comes, or when
+the channel closes: a get costs one wake-up of the master, not two.
+
+Any failure of the connection (refused, reset, closed, timed out) closes the socket and
+raises OSError; the next call connects again. What to do about it (retry, look up the
+leader again) is the caller's business.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from google.protobuf.message import Message
+
+from kvstore.errors import error_for
+from kvstore.rpc.framing import (
+    HEADER,
+    HEADER_SIZE,
+    MAX_FRAME,
+    ONE_WAY,
+    REPLY_ERROR,
+    REPLY_OK,
+    split_address,
+)
+from kvstore.rpc.methods import METHODS
+from kvstore.v1 import common_pb2 as cpb
+
+_RECV = 1 << 16
+_MORE = getattr(socket, "MSG_MORE", 0)  # elsewhere than Linux: sent at once
+
+
+class ProtocolViolation(ConnectionError):
+    """The peer sent bytes that are not the reply we wait for."""
+
+
+class FastChannel:
+    """A blocking connection to one master's fast port. Not thread-safe."""
+
+    def __init__(self, address: str, *, max_frame: int = MAX_FRAME,
+                 connect_timeout: float = 2.0) -> None:
+        self.address = address
+        self.max_frame = max_frame
+        self.connect_timeout = connect_timeout  # at most; a call's own timeout may be less
+        self.connects = 0  # connections opened so far
+        self.connect_failures = 0  # attempts that failed since the last connection opened
+        self._host, self._port = split_address(address)
+        self._sock: socket.socket | None = None
+        self._next_id = 0
+
+    @property
+    def connected(self) -> bool:
+        return self._sock is not None
+
+    def close(self) -> None:
+        if self._sock is not None:
+            sock, self._sock = self._sock, None
+            sock.close()
+
+    def _request_id(self) -> int:
+        self._next_id = self._next_id % 0xFFFFFFFF + 1  # 1 .. 2**32-1; 0 is one-way
+        return self._next_id
+
+    def _connection(self, timeout: float) -> socket.socket:
+        if self._sock is None:
+            try:
+                sock = socket.create_connection((self._host, self._port),
+                                                timeout=min(timeout, self.connect_timeout))
+            except OSError:
+                self.connect_failures += 1
+                raise
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sock = sock
+            self.connects += 1
+            self.connect_failures = 0
+        return self._sock
+
+    def call(self, method: str, request: Message, timeout: float) -> Message:
+        """Send `request` to `method` and return its reply message.
+
+        Raises OSError (TimeoutError included) when the connection fails or `timeout`
+        seconds pass, and the typed KVStoreError of a REPLY_ERROR frame.
+        """
+        spec = METHODS[method]
+        payload = request.SerializeToString()
+        request_id = self._request_id()
+        deadline = time.monotonic() + timeout
+        try:
+            sock = self._connection(timeout)
+            sock.settimeout(timeout)
+            sock.sendall(HEADER.pack(len(payload), request_id, spec.id) + payload)
+            tag, body = self._reply(sock, request_id, deadline)
+        except BaseException:
+            self.close()  # a half-read reply would poison the next call
+            raise
+        if tag == REPLY_OK:
+            return spec.response.FromString(body)
+        error = cpb.Error.FromString(body)
+        raise error_for(error.code, error.message)
+
+    def send_oneway(self, method: str, request: Message, timeout: float) -> bool:
+        """Queue a request nobody waits for (see the module doc); False if it could not be."""
+        spec = METHODS[method]
+        payload = request.SerializeToString()
+        try:
+            sock = self._connection(timeout)
+            sock.settimeout(timeout)
+            sock.sendall(HEADER.pack(len(payload), ONE_WAY, spec.id) + payload, _MORE)
+        except OSError:
+            self.close()
+            return False
+        return True
+
+    def _reply(self, sock: socket.socket, request_id: int, deadline: float) -> tuple[int, bytes]:
+        data = sock.recv(_RECV)
+        while len(data) < HEADER_SIZE:
+            data += self._more(sock, deadline)
+        length, rid, tag = HEADER.unpack_from(data)
+        if rid != request_id or tag not in (REPLY_OK, REPLY_ERROR) or length > self.max_frame:
+            raise ProtocolViolation(
+                f"{self.address} sent a frame (id {rid}, tag {tag}, {length} bytes) that is not "
+                f"the reply to request {request_id}")
+        end = HEADER_SIZE + length
+        if len(data) < end:
+            buf = bytearray(end)
+            buf[:len(data)] = data
+            view = memoryview(buf)
+            got = len(data)
+            while got < end:
+                sock.settimeout(self._left(deadline))
+                n = sock.recv_into(view[got:])
+                if n == 0:
+                    raise ConnectionResetError(f"{self.address} closed the connection")
+                got += n
+            return tag, bytes(buf[HEADER_SIZE:])
+        if len(data) > end:
+            raise ProtocolViolation(f"{self.address} sent {len(data) - end} bytes nobody asked for")
+        return tag, data[HEADER_SIZE:]
+
+    def _more(self, sock: socket.socket, deadline: float) -> bytes:
+        sock.settimeout(self._left(deadline))
+        chunk = sock.recv(_RECV)
+        if not chunk:
+            raise ConnectionResetError(f"{self.address} closed the connection")
+        return chunk
+
+    @staticmethod
+    def _left(deadline: float) -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        return left
+
+
+class FastStub:
+    """gRPC-stub call syntax over a FastChannel: `stub.Lookup(request, timeout=5)`.
+
+    For tools and benchmarks written against `master_pb2_grpc.MasterStub`; failures are
+    the channel's (OSError, KVStoreError), not grpc.RpcError, and nothing is retried.
+    """
+
+    def __init__(self, channel: FastChannel, timeout: float = 30.0) -> None:
+        self.channel = channel
+        for name in METHODS:
+            setattr(self, name, self._method(name, timeout))
+
+    def _method(self, name: str, default_timeout: float) -> Callable[..., Message]:
+        call = self.channel.call
+
+        def invoke(request: Message, timeout: float | None = None) -> Message:
+            return call(name, request, default_timeout if timeout is None else timeout)
+        invoke.__name__ = name
+        return invoke
+
+    def __getattr__(self, name: str) -> Any:  # typing: methods are set per instance
+        raise AttributeError(f"the Master service has no RPC {name!r}")

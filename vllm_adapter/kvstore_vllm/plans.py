@@ -1,0 +1,65 @@
+"""What the scheduler side tells the workers each step, and what they report back.
+
+Plain dataclasses of ints, bytes and strings: vLLM ships the step's metadata to the
+worker processes (pickled) and the workers' reports back to the scheduler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvstore_vllm.timeline import Timeline
+
+
+@dataclass
+class LoadPlan:
+    """Read these blocks, under this lease, into these local blocks."""
+
+    req_id: str
+    lease_id: int
+    lease_ttl_left: float  # seconds left on the lease when the plan was built
+    block_hashes: list[bytes]  # one per block to load, in order
+    block_ids: list[int]  # local destination block of each
+    first_block: int  # index of the first loaded block in the request
+
+
+@dataclass
+class SavePlan:
+    """Write these newly computed full blocks (unless the store has them)."""
+
+    req_id: str
+    block_hashes: list[bytes]
+    block_ids: list[int]
+
+
+@dataclass
+class StepPlan:
+    loads: list[LoadPlan] = field(default_factory=list)
+    saves: list[SavePlan] = field(default_factory=list)
+
+
+@dataclass
+class LoadReport:
+    """One worker's outcome for one request's load."""
+
+    req_id: str
+    lease_id: int
+    workers: int = 1  # how many workers' reports are folded in
+    failed_block_ids: list[int] = field(default_factory=list)
+    corrupt_keys: list[bytes] = field(default_factory=list)
+    timeline: Timeline = field(default_factory=Timeline)
+
+    def merge(self, other: LoadReport) -> None:
+        self.workers += other.workers
+        self.failed_block_ids = sorted(set(self.failed_block_ids) | set(other.failed_block_ids))
+        self.corrupt_keys = list(dict.fromkeys([*self.corrupt_keys, *other.corrupt_keys]))
+        self.timeline.merge(other.timeline)
+
+
+def merge_reports(into: dict[str, LoadReport], other: dict[str, LoadReport]) -> dict[str, LoadReport]:
+    for req_id, rep in other.items():
+        if req_id in into:
+            into[req_id].merge(rep)
+        else:
+            into[req_id] = rep
+    return into

@@ -1,0 +1,402 @@
+"""Worker-side state: moves pages between the KV cache and the store, off the forward.
+
+One step, as vLLM drives it:
+
+    bind_connector_metadata -> begin_step: the step's save candidates are checked
+                               against the store (one batched Exists) in the background
+    start_load_kv           -> start_loads: every planned load is submitted to the I/O
+                               thread (per layer when `layerwise_load`), under its lease
+    attention layer l       -> wait_layer(l): blocks until layer l's pages are in (or
+                               until all are, without layerwise loading)
+                            -> save_layer(l): layer l's new pages are submitted for
+                               writing, skipping those the store has
+    wait_for_save           -> end_step: waits for this step's writes (the pages must
+                               not change under them) and loads; failed blocks and
+                               per-request load reports are ready to be taken
+
+A failed, corrupt or lease-expired read marks its block failed: vLLM recomputes it
+(kv_load_failure_policy "recompute"). A failed write is a future miss, never an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kvstore.errors import CorruptObject, KVStoreError
+from kvstore_client import AsyncKVStoreClient, Lease
+from kvstore_vllm.keys import RankLayers
+from kvstore_vllm.link import StoreLink
+from kvstore_vllm.pages import KVPages, Staging, gather, scatter
+from kvstore_vllm.plans import LoadPlan, LoadReport, StepPlan
+from kvstore_vllm.timeline import (
+    FORWARD_START,
+    TRANSFER_COMPLETE,
+    TRANSFER_SUBMITTED,
+    Timeline,
+    add_counter,
+    new_stats_data,
+    observe,
+)
+
+log = logging.getLogger("vllm.kvstore_vllm")
+
+# The worker's view of a lease deadline stays this far inside the scheduler's.
+LEASE_MARGIN = 1.0
+
+
+@dataclass
+class _Done:
+    """What one I/O job reports back to the main thread."""
+
+    errors: list[KVStoreError | None]  # per key
+    nbytes: int = 0
+    started: float = 0.0
+    finished: float = 0.0
+    failure: KVStoreError | None = None  # the whole job failed
+    skipped: int = 0  # save: objects the store already had
+
+
+@dataclass
+class _Load:
+    plan: LoadPlan
+    lease: Lease
+    # (layers, future) per job; every job covers all blocks of the plan.
+    jobs: list[tuple[tuple[str, ...], concurrent.futures.Future[_Done]]] = field(
+        default_factory=list)
+    timeline: Timeline = field(default_factory=Timeline)
+
+
+def _outcome(fut: concurrent.futures.Future[_Done]) -> _Done:
+    """A job's result; a job that raised (store down, a bug) is a failed job."""
+    try:
+        return fut.result()
+    except KVStoreError as exc:
+        return _Done([], failure=exc)
+    except Exception as exc:  # degrade to recompute, whatever went wrong
+        log.warning("kvstore I/O job failed unexpectedly: %r", exc, exc_info=True)
+        return _Done([], failure=KVStoreError(f"unexpected error: {exc!r}"))
+
+
+class WorkerSide:
+    def __init__(self, link: StoreLink, rank: RankLayers, *, num_blocks: int, layerwise_load: bool,
+                 staging_bytes: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.link = link
+        self.rank = rank
+        self.num_blocks = num_blocks
+        self.layerwise_load = layerwise_load
+        self.staging_bytes = staging_bytes
+        self.clock = clock
+        self.pages: KVPages | None = None
+        self._staging: Staging | None = None
+        self._staging_lock: asyncio.Lock | None = None
+        # -- per step
+        self._loads: list[_Load] = []
+        self._save_plan: list[tuple[bytes, int]] = []  # (block hash, block id)
+        self._exists: concurrent.futures.Future[list[bool]] | None = None
+        self._saves: dict[str, concurrent.futures.Future[_Done]] = {}
+        self._forward_started: float | None = None
+        self._waited_layers: set[str] = set()
+        # -- taken by vLLM after each step
+        self._failed_blocks: set[int] = set()
+        self._reports: dict[str, LoadReport] = {}
+        self.stats = new_stats_data()
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        missing = [n for n in self.rank.layers if n not in kv_caches]
+        if missing:
+            raise ValueError(f"KVStoreConnector: KV caches for layers {missing} were not "
+                             "registered; the model's layers differ from the KV cache config")
+        self.pages = KVPages({n: kv_caches[n] for n in self.rank.layers}, self.num_blocks)
+        for storage in self.pages.storages():
+            if self.pages.zero_copy:
+                self.link.register(storage)
+        if not self.pages.zero_copy:
+            self._staging = Staging(self.staging_bytes, self.link.register)
+        log.info("KVStoreConnector worker: %d layers, %s", len(self.pages.layers),
+                 self.pages.layout_tag())
+
+    # -- one step -------------------------------------------------------------------------
+
+    def begin_step(self, plan: StepPlan) -> None:
+        self._loads, self._saves, self._exists = [], {}, None
+        self._forward_started = None
+        self._waited_layers = set()
+        self._save_plan = [(h, b) for s in plan.saves
+                           for h, b in zip(s.block_hashes, s.block_ids, strict=True)]
+        if self._save_plan and self.pages is not None:
+            keys = [k for h, _ in self._save_plan for k in self.rank.keys(h)]
+            try:
+                self._exists = self.link.submit(lambda c: c.exists(keys))
+            except KVStoreError:
+                self._exists = None
+
+    def start_loads(self, plan: StepPlan) -> None:
+        if not plan.loads or self.pages is None:
+            return
+        now = self.clock()
+        for lp in plan.loads:
+            keys = [k for h in lp.block_hashes for k in self.rank.keys(h)]
+            lease = Lease(lp.lease_id, keys, now + lp.lease_ttl_left - LEASE_MARGIN)
+            load = _Load(lp, lease)
+            load.timeline.mark(TRANSFER_SUBMITTED, now)
+            groups = ([(n,) for n in self.rank.layers] if self.layerwise_load
+                      else [tuple(self.rank.layers)])
+            for layers in groups:
+                try:
+                    fut = self.link.submit(self._load_job(lp, lease, layers))
+                except KVStoreError as exc:
+                    fut = concurrent.futures.Future()
+                    fut.set_result(_Done([], failure=exc))
+                load.jobs.append((layers, fut))
+            self._loads.append(load)
+
+    def wait_layer(self, layer_name: str) -> None:
+        now = self.clock()
+        if self._forward_started is None:
+            self._forward_started = now
+        self._waited_layers.add(layer_name)
+        for load in self._loads:
+            for layers, fut in load.jobs:
+                if layer_name in layers or not self.layerwise_load:
+                    t = self.clock()
+                    concurrent.futures.wait([fut])
+                    load.timeline.load_wait += self.clock() - t
+
+    def save_layer(self, layer_name: str) -> None:
+        if self._forward_started is None:
+            self._forward_started = self.clock()
+        if not self._save_plan or layer_name in self._saves or self.pages is None:
+            return
+        if layer_name not in self.pages.layers:
+            return
+        self._saves[layer_name] = self._submit_save(layer_name)
+
+    def end_step(self) -> None:
+        """Wait for this step's writes and reads; collect failures and reports."""
+        wait_started = self.clock()
+        if self._save_plan and self.pages is not None:
+            for name in self.rank.layers:  # layers whose save hook did not run
+                if name not in self._saves:
+                    self._saves[name] = self._submit_save(name)
+        self._collect_saves(wait_started)
+        self._collect_loads()
+        self._save_plan, self._saves, self._exists = [], {}, None
+
+    def take_failed_blocks(self) -> set[int]:
+        out, self._failed_blocks = self._failed_blocks, set()
+        return out
+
+    def take_reports(self) -> dict[str, LoadReport]:
+        out, self._reports = self._reports, {}
+        return out
+
+    def take_stats(self) -> dict[str, Any]:
+        out, self.stats = self.stats, new_stats_data()
+        return out
+
+    # -- loads ----------------------------------------------------------------------------
+
+    def _load_job(self, lp: LoadPlan, lease: Lease,
+                  layers: Sequence[str]) -> Callable[[AsyncKVStoreClient], Any]:
+        assert self.pages is not None
+        pages = self.pages
+        keys: list[bytes] = []
+        targets: list[torch.Tensor] = []
+        for h, b in zip(lp.block_hashes, lp.block_ids, strict=True):
+            for name, key in zip(self.rank.layers, self.rank.keys(h), strict=True):
+                if name in layers:
+                    keys.append(key)
+                    targets.append(pages.layers[name].page(b))
+
+        async def job(client: AsyncKVStoreClient) -> _Done:
+            started = self.clock()
+            try:
+                if pages.zero_copy:
+                    views = [t.view(torch.uint8).reshape(-1) for t in targets]
+                    errs = await client.get_into(keys, views, lease=lease)
+                else:
+                    errs = await self._staged_read(client, keys, targets, lease)
+            except KVStoreError as exc:  # LeaseExpired, Unavailable: none of it is trusted
+                return _Done([], started=started, finished=self.clock(), failure=exc)
+            nbytes = sum(t.numel() * t.element_size() for t, e in zip(targets, errs, strict=True)
+                         if e is None)
+            return _Done(errs, nbytes, started, self.clock())
+
+        return job
+
+    async def _staged_read(self, client: AsyncKVStoreClient, keys: list[bytes],
+                           targets: list[torch.Tensor], lease: Lease) -> list[KVStoreError | None]:
+        staging = self._staging
+        assert staging is not None
+        if self._staging_lock is None:
+            self._staging_lock = asyncio.Lock()
+        sizes = [t.numel() * t.element_size() for t in targets]
+        errs: list[KVStoreError | None] = []
+        async with self._staging_lock:
+            for lo, hi in staging.chunks(sizes):
+                slots = staging.slots(sizes[lo:hi])
+                part = await client.get_into(keys[lo:hi], slots, lease=lease)
+                for slot, target, err in zip(slots, targets[lo:hi], part, strict=True):
+                    if err is None:
+                        scatter(slot, target)
+                errs.extend(part)
+        return errs
+
+    def _collect_loads(self) -> None:
+        for load in self._loads:
+            lp, tl = load.plan, load.timeline
+            failed: set[int] = set()
+            corrupt: list[bytes] = []
+            kpb_layers = len(self.rank.layers)
+            for layers, fut in load.jobs:
+                done = _outcome(fut)
+                if done.failure is not None or len(done.errors) != len(lp.block_ids) * len(layers):
+                    failed.update(lp.block_ids)
+                    add_counter(self.stats, "load_job_failures")
+                    log.warning("kvstore: loading %d blocks of request %s failed (%s); vLLM "
+                                "recomputes them", len(lp.block_ids), lp.req_id, done.failure)
+                else:
+                    for i, err in enumerate(done.errors):
+                        if err is not None:
+                            failed.add(lp.block_ids[i // len(layers)])
+                            if isinstance(err, CorruptObject) and err.key is not None:
+                                corrupt.append(err.key)
+                add_counter(self.stats, "load_bytes", done.nbytes)
+                if done.finished:
+                    for name in layers:
+                        tl.layer_ready[name] = done.finished
+            if self._forward_started is not None:
+                tl.mark(FORWARD_START, self._forward_started)
+            tl.mark(TRANSFER_COMPLETE, max(tl.layer_ready.values(), default=self.clock()))
+            transfer = tl.points[TRANSFER_COMPLETE] - tl.points[TRANSFER_SUBMITTED]
+            observe(self.stats, "load_transfer", transfer)
+            add_counter(self.stats, "load_seconds", transfer)
+            add_counter(self.stats, "load_blocks", len(lp.block_ids))
+            add_counter(self.stats, "load_objects", len(lp.block_ids) * kpb_layers)
+            if failed:
+                add_counter(self.stats, "load_failed_blocks", len(failed))
+                if corrupt:
+                    add_counter(self.stats, "load_corrupt_objects", len(corrupt))
+                log.warning("kvstore: %d of %d loaded blocks of request %s failed (corrupt: %d); "
+                            "vLLM recomputes them", len(failed), len(lp.block_ids), lp.req_id,
+                            len(corrupt))
+            self._failed_blocks |= failed
+            self._reports[lp.req_id] = LoadReport(lp.req_id, lp.lease_id, 1, sorted(failed),
+                                                  corrupt, tl)
+        self._loads = []
+
+    # -- saves ----------------------------------------------------------------------------
+
+    def _submit_save(self, layer_name: str) -> concurrent.futures.Future[_Done]:
+        assert self.pages is not None
+        lp = self.pages.layers[layer_name]
+        idx = self.rank.layers.index(layer_name)
+        n_layers = len(self.rank.layers)
+        keys, sources, positions = [], [], []
+        for j, (h, b) in enumerate(self._save_plan):
+            keys.append(self.rank.keys(h)[idx])
+            sources.append(lp.page(b))
+            positions.append(j * n_layers + idx)
+        exists = self._exists
+        submitted = self.clock()
+        # On a GPU the attention kernel that wrote these pages may still be running:
+        # the copy out waits for an event recorded on the forward's stream.
+        ready = None
+        if lp.tensor.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record()
+
+        async def job(client: AsyncKVStoreClient) -> _Done:
+            started = self.clock()
+            present = [False] * len(keys)
+            if exists is not None:
+                try:
+                    found = await asyncio.wrap_future(exists)
+                except KVStoreError as exc:  # the store is down: nothing is saved
+                    return _Done([], started=started, finished=self.clock(), failure=exc)
+                present = [found[p] for p in positions]
+            if ready is not None:
+                await asyncio.to_thread(ready.synchronize)
+            todo = [i for i, p in enumerate(present) if not p]
+            errs: list[KVStoreError | None] = [None] * len(keys)
+            nbytes = 0
+            if todo:
+                k = [keys[i] for i in todo]
+                src = [sources[i] for i in todo]
+                if self.pages is not None and self.pages.zero_copy:
+                    part = await client.put_from(k, [s.view(torch.uint8).reshape(-1) for s in src])
+                else:
+                    part = await self._staged_write(client, k, src)
+                for i, e in zip(todo, part, strict=True):
+                    errs[i] = e
+                    if e is None:
+                        nbytes += sources[i].numel() * sources[i].element_size()
+            return _Done(errs, nbytes, started, self.clock(), skipped=len(keys) - len(todo))
+
+        try:
+            fut = self.link.submit(job)
+        except KVStoreError as exc:
+            fut = concurrent.futures.Future()
+            fut.set_result(_Done([], started=submitted, finished=submitted, failure=exc))
+        return fut
+
+    async def _staged_write(self, client: AsyncKVStoreClient, keys: list[bytes],
+                            sources: list[torch.Tensor]) -> list[KVStoreError | None]:
+        staging = self._staging
+        assert staging is not None
+        if self._staging_lock is None:
+            self._staging_lock = asyncio.Lock()
+        sizes = [s.numel() * s.element_size() for s in sources]
+        errs: list[KVStoreError | None] = []
+        async with self._staging_lock:
+            for lo, hi in staging.chunks(sizes):
+                slots = staging.slots(sizes[lo:hi])
+                for slot, src in zip(slots, sources[lo:hi], strict=True):
+                    gather(src, slot)
+                errs.extend(await client.put_from(keys[lo:hi], slots))
+        return errs
+
+    def _collect_saves(self, wait_started: float) -> None:
+        if not self._saves:
+            return
+        futs = list(self._saves.values())
+        done_set, pending = concurrent.futures.wait(futs, timeout=self.link.settings.timeout * 3 + 5)
+        waited = self.clock() - wait_started
+        observe(self.stats, "save_wait", waited)
+        if pending:
+            # The store hangs; the pages may change under these writes, which the
+            # checksum taken before the write will then expose to any reader.
+            add_counter(self.stats, "save_timeouts", len(pending))
+            self.link.mark_down("saves did not finish in time")
+        first_start, last_end = None, 0.0
+        for fut in done_set:
+            done = _outcome(fut)
+            if done.failure is not None:
+                add_counter(self.stats, "save_failures", 1)
+                continue
+            add_counter(self.stats, "save_bytes", done.nbytes)
+            add_counter(self.stats, "save_objects", sum(1 for e in done.errors if e is None)
+                        - done.skipped)
+            add_counter(self.stats, "save_skipped_existing", done.skipped)
+            bad = sum(1 for e in done.errors if e is not None)
+            if bad:
+                add_counter(self.stats, "save_failed_objects", bad)
+            first_start = done.started if first_start is None else min(first_start, done.started)
+            last_end = max(last_end, done.finished)
+        add_counter(self.stats, "save_blocks", len(self._save_plan))
+        if first_start is not None:
+            observe(self.stats, "save_transfer", last_end - first_start)
+            add_counter(self.stats, "save_seconds", last_end - first_start)
+            # Saves that finished before wait_for_save was called ran alongside the forward.
+            add_counter(self.stats, "save_seconds_overlapped",
+                        max(0.0, min(last_end, wait_started) - first_start))
