@@ -42,6 +42,7 @@ def status_dict(reply: pb.ClusterStatusResponse, standbys: list[dict[str, str]] 
         "leader_id": leader_id,
         "standbys": standbys,  # None: etcd could not be read
         "epoch": reply.epoch,
+        "leader_for_seconds": round(reply.leader_for_seconds, 1),
         "nodes_alive": len(node_ids),
         "nodes_draining": [n for n in draining if n in node_ids],
         "tiers": _tiers(segments),
@@ -82,6 +83,7 @@ def status(args: argparse.Namespace) -> int:
         ["standbys", "unknown (etcd unreachable)" if standbys is None
          else ", ".join(f"{s['address']} ({s['master_id']})" for s in standbys) or "none"],
         ["epoch", str(info["epoch"])],
+        ["last failover", f"{info['leader_for_seconds']:.0f} s ago (this leader's term)"],
         ["nodes", f"{info['nodes_alive']} alive"
          + (f", {len(info['nodes_draining'])} draining ({', '.join(info['nodes_draining'])})"
             if info["nodes_draining"] else "")],

@@ -40,6 +40,7 @@ class Election:
         # it (SIGSTOP, a long GC) must not answer even one call before its keepalive
         # task runs again and finds the lease gone: standbys may already lead.
         self._lease_deadline = 0.0
+        self._elected_at = 0.0
 
     @property
     def is_leader(self) -> bool:
@@ -57,6 +58,11 @@ class Election:
     @property
     def leader_address(self) -> str:
         return self._leader_address
+
+    @property
+    def leader_for(self) -> float:
+        """Seconds since this master was elected (0 when it does not lead)."""
+        return time.monotonic() - self._elected_at if self._elected_at else 0.0
 
     def _on_lost(self) -> None:
         if self._is_leader:
@@ -91,6 +97,7 @@ class Election:
                 log.info("elected leader, epoch %d", revision)
                 await on_elected(revision)
                 self._is_leader = True
+                self._elected_at = time.monotonic()
                 return
             current = await self.etcd.get_with_revision(self.layout.leader)
             if current is None:

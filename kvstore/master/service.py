@@ -47,6 +47,9 @@ class Leadership(Protocol):
     @property
     def leader_address(self) -> str: ...
 
+    @property
+    def leader_for(self) -> float: ...
+
 
 def _add_locations(field: Any, locs: Iterable[Location]) -> None:
     # add() + attribute stores: about 3x faster with upb than building Location(...)
@@ -249,6 +252,7 @@ class MasterService(pbg.MasterServicer):
         s = self.core.stats()
         return pb.ClusterStatusResponse(
             leader=self.leadership.leader_address,
+            leader_for_seconds=self.leadership.leader_for,
             nodes=[
                 pb.NodeStatus(node_id=seg.node_id, segment=seg.segment, tier=seg.tier,
                               capacity=seg.capacity, used=seg.used,

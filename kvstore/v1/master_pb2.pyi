@@ -218,7 +218,7 @@ class NodeStatus(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., segment: _Optional[str] = ..., tier: _Optional[str] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., pinned: _Optional[int] = ..., objects: _Optional[int] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
-    __slots__ = ("error", "epoch", "leader", "nodes", "objects_complete", "objects_pending", "bytes_complete", "bytes_pending", "active_leases", "counters_json", "recent_lookup_keys", "recent_hit_keys", "recent_seconds", "draining")
+    __slots__ = ("error", "epoch", "leader", "nodes", "objects_complete", "objects_pending", "bytes_complete", "bytes_pending", "active_leases", "counters_json", "recent_lookup_keys", "recent_hit_keys", "recent_seconds", "draining", "leader_for_seconds")
     ERROR_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
@@ -233,6 +233,7 @@ class ClusterStatusResponse(_message.Message):
     RECENT_HIT_KEYS_FIELD_NUMBER: _ClassVar[int]
     RECENT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FOR_SECONDS_FIELD_NUMBER: _ClassVar[int]
     error: _common_pb2.Error
     epoch: int
     leader: str
@@ -247,7 +248,8 @@ class ClusterStatusResponse(_message.Message):
     recent_hit_keys: int
     recent_seconds: float
     draining: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., leader: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., objects_complete: _Optional[int] = ..., objects_pending: _Optional[int] = ..., bytes_complete: _Optional[int] = ..., bytes_pending: _Optional[int] = ..., active_leases: _Optional[int] = ..., counters_json: _Optional[str] = ..., recent_lookup_keys: _Optional[int] = ..., recent_hit_keys: _Optional[int] = ..., recent_seconds: _Optional[float] = ..., draining: _Optional[_Iterable[str]] = ...) -> None: ...
+    leader_for_seconds: float
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., leader: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., objects_complete: _Optional[int] = ..., objects_pending: _Optional[int] = ..., bytes_complete: _Optional[int] = ..., bytes_pending: _Optional[int] = ..., active_leases: _Optional[int] = ..., counters_json: _Optional[str] = ..., recent_lookup_keys: _Optional[int] = ..., recent_hit_keys: _Optional[int] = ..., recent_seconds: _Optional[float] = ..., draining: _Optional[_Iterable[str]] = ..., leader_for_seconds: _Optional[float] = ...) -> None: ...
 
 class NodeListRequest(_message.Message):
     __slots__ = ()

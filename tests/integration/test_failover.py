@@ -90,6 +90,8 @@ def test_kill_leader_standby_takes_over_with_the_cache(cluster_factory: Cluster)
         assert readable >= 999, f"only {readable}/1000 objects readable after failover"
         status = c.status(b)
         assert status.epoch > 0 and len(status.nodes) == 2
+        # `kvstore status` shows the time since the last failover: this leader's term
+        assert 0 < status.leader_for_seconds < time.monotonic() - killed_at
         print(f"takeover {took_over:.2f} s, {readable}/1000 readable")
 
 
