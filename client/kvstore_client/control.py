@@ -132,6 +132,8 @@ class GrpcControl:
         self.address = address
         self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
         self._stub = pbg.MasterStub(self._channel)
+        # grpc cancels a call whose future is garbage-collected: hold each until done.
+        self._releasing: set[Any] = set()
 
     def call(self, method: str, request: Any, timeout: float) -> Any:
         try:
@@ -145,8 +147,10 @@ class GrpcControl:
     def release(self, lease_id: int, timeout: float) -> None:
         """Release without waiting; grpc runs the call on a thread of its own."""
         with contextlib.suppress(grpc.RpcError):
-            self._stub.ReleaseLease.future(pb.ReleaseLeaseRequest(lease_id=lease_id),
-                                           timeout=timeout)
+            future = self._stub.ReleaseLease.future(pb.ReleaseLeaseRequest(lease_id=lease_id),
+                                                    timeout=timeout)
+            self._releasing.add(future)
+            future.add_done_callback(self._releasing.discard)
 
     def close(self) -> None:
         self._channel.close()

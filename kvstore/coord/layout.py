@@ -10,8 +10,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from typing import Any
 
 DEFAULT_CLUSTER = "default"
+
+
+def _known(cls: type, fields: dict[str, Any]) -> dict[str, Any]:
+    """Drop fields this version does not know: records written by a newer master or
+    node must still decode here (rolling upgrades)."""
+    names = set(cls.__dataclass_fields__)  # type: ignore[attr-defined]
+    return {k: v for k, v in fields.items() if k in names}
 
 
 class Layout:
@@ -67,7 +75,7 @@ class MasterRecord:
 
     @classmethod
     def decode(cls, raw: bytes) -> MasterRecord:
-        return cls(**json.loads(raw))
+        return cls(**_known(cls, json.loads(raw)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,4 +100,4 @@ class NodeRecord:
 
     @classmethod
     def decode(cls, raw: bytes) -> NodeRecord:
-        return cls(**json.loads(raw))
+        return cls(**_known(cls, json.loads(raw)))
