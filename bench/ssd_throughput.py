@@ -66,7 +66,7 @@ def drop_cache(paths: list[str]) -> None:
 
 
 def run_ours(
-    root: Path, size: int, count: int, fsync: bool, threads: int
+    root: Path, size: int, count: int, fsync: bool, threads: int, group: int = 0
 ) -> tuple[float, float, float]:
     """(write, cold read, warm read) MB/s through SsdTier."""
     base = os.urandom(size + count)  # object i is base[i : i + size]: distinct, no copies
@@ -88,8 +88,11 @@ def run_ours(
             return mbps(total, time.perf_counter() - started)
 
         def put_some(indexes: list[int]) -> None:
-            for i in indexes:
-                tier.put(objects[i][0], objects[i][1], sums[i])
+            # Like the store node's move handler: a batch of puts, then one flush.
+            for n, i in enumerate(indexes, 1):
+                tier.put(objects[i][0], objects[i][1], sums[i], sync=not group and fsync)
+                if group and fsync and (n % group == 0 or n == len(indexes)):
+                    tier.sync()
 
         def read_some(indexes: list[int]) -> None:
             out = memoryview(bytearray(size))
@@ -162,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="leave the files behind")
     parser.add_argument("--rounds", type=int, default=2, help="rounds per side; best is shown")
     parser.add_argument("--threads", type=int, default=1, help="threads calling the tier")
+    parser.add_argument("--group", type=int, default=0,
+                        help="objects per syncfs flush (group commit, SsdTier.sync); "
+                        "0: fsync every object, as the store node does")
     args = parser.parse_args(argv)
 
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="kvstore-ssd-bench-"))
@@ -176,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         # fresh VM pay for first-touch memory and writeback, which is noise, not either side.
         for _ in range(args.rounds):
             tier_dir = work / "tier"
-            ours.append(run_ours(tier_dir, size, args.count, not args.no_fsync, args.threads))
+            ours.append(run_ours(tier_dir, size, args.count, not args.no_fsync, args.threads,
+                                 args.group))
             shutil.rmtree(tier_dir)  # same free space for dd as the tier had
             if not note:
                 raw, note = run_raw(work / "raw.dd", args.size_mib, args.count)
@@ -192,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     if not raw:
         raw = [("-", float("nan"))] * 3
 
-    fsync = "no fsync" if args.no_fsync else "fsync per object"
+    fsync = ("no fsync" if args.no_fsync else
+             f"one flush per {args.group} objects (group commit)" if args.group
+             else "fsync per object")
     print(
         f"SSD tier vs raw dd: {args.count} x {args.size_mib} MiB objects in {work.parent}, "
         f"{fsync}, {args.threads} thread(s) on our side, best of {args.rounds} rounds"

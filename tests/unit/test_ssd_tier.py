@@ -287,3 +287,17 @@ def test_a_failed_write_leaves_nothing_and_releases_its_room(
     monkeypatch.undo()
     put(tier, b"k", b"v")
     assert tier.read(b"k") == b"v"
+
+
+def test_group_commit_puts_then_one_sync(tmp_path: Path) -> None:
+    with SsdTier(tmp_path, 1 << 20) as tier:
+        tier.open()
+        data = [bytes([i]) * (1000 + i) for i in range(8)]
+        for i, d in enumerate(data):
+            tier.put(f"g{i}".encode(), d, xxhash.xxh3_64_intdigest(d), sync=False)
+        tier.sync()
+        assert [tier.read(f"g{i}".encode()) for i in range(8)] == data
+    with SsdTier(tmp_path, 1 << 20) as again:  # what was synced survives a reopen
+        report = again.open()
+        assert report.recovered == 8 and report.corrupt == 0
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
