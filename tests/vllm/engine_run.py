@@ -46,6 +46,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             "ttft": float(ttft or 0.0),
             "wall": wall,
         }
+        if spec.get("log_stats_each_phase"):
+            # vLLM's own "KV Transfer metrics" line, from the connector's stats.
+            llm.llm_engine.do_log_stats()
+    llm.llm_engine.do_log_stats()
     return report
 
 

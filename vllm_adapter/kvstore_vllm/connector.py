@@ -18,7 +18,7 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +77,8 @@ class KVStoreWorkerMetadata(KVConnectorWorkerMetadata):  # type: ignore[misc]
 @dataclass
 class KVStoreConnectorStats(KVConnectorStats):  # type: ignore[misc]
     """Counters and timeline histograms; `data` is plain dicts and lists (see timeline)."""
+
+    data: dict[str, Any] = field(default_factory=new_stats_data)
 
     def __post_init__(self) -> None:
         if not self.data:

@@ -93,6 +93,7 @@ class SchedulerSide:
         self.clock = clock
         self.reqs: dict[str, _Req] = {}
         self._reports: dict[str, LoadReport] = {}
+        self._handed: set[int] = set()  # leases sent to the workers, not yet released
         self.stats = new_stats_data()
 
     # -- helpers --------------------------------------------------------------------------
@@ -228,6 +229,7 @@ class SchedulerSide:
                 load.lease_ttl_left = max(0.0, st.lease.expires_at - now)
                 plan.loads.append(load)
                 st.loading_lease, st.lease = st.lease.id, None
+                self._handed.add(st.loading_lease)
             if self.saves:
                 save = self._plan_save(st, computed, n_new)
                 if save is not None:
@@ -247,6 +249,10 @@ class SchedulerSide:
         limit = request.num_tokens if self.save_decode else request.num_prompt_tokens
         full = min(computed + n_new, limit) // self.block_size
         hashes = self._block_hashes(request)
+        # Newer vLLM may hold back trailing hashes (EAGLE); store only published ones.
+        published = getattr(request, "num_publishable_block_hashes", None)
+        if isinstance(published, int):
+            hashes = hashes[:published * self.hash_block_size // self.block_size]
         full = min(full, len(hashes), len(st.block_ids))
         if full <= st.saved_blocks:
             return None
@@ -267,8 +273,10 @@ class SchedulerSide:
                 continue
             del self._reports[req_id]
             st = self.reqs.get(req_id)
-            if st is not None and st.loading_lease == got.lease_id:
+            if got.lease_id in self._handed:
+                self._handed.discard(got.lease_id)
                 self._release(Lease(got.lease_id, [], 0.0))
+            if st is not None and st.loading_lease == got.lease_id:
                 st.loading_lease = 0
             if got.corrupt_keys:
                 try:
@@ -305,9 +313,10 @@ class SchedulerSide:
         if st is None:
             return
         self._release(st.lease)
-        if st.loading_lease:
+        if st.loading_lease in self._handed:
             # Loads finish within their step; a report still on its way is moot.
+            self._handed.discard(st.loading_lease)
             self._release(Lease(st.loading_lease, [], 0.0))
 
     def held_leases(self) -> int:
-        return sum(1 for st in self.reqs.values() if st.lease is not None or st.loading_lease)
+        return sum(1 for st in self.reqs.values() if st.lease is not None) + len(self._handed)
