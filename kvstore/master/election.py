@@ -109,12 +109,26 @@ class Election:
             await self._wait_for_vacancy()
 
     async def _wait_for_vacancy(self) -> None:
-        _, revision = await self.etcd.get_prefix(self.layout.leader)
-        async for ev in self.etcd.watch_prefix(self.layout.leader, start_revision=revision + 1):
-            if ev.kind == "delete" and ev.key == self.layout.leader:
+        """Return once the leader key is gone (or our own lease is lost).
+
+        The key is read and watched from the revision of that read, so a delete that
+        happens between the caller's read and ours is never missed; the watch is also
+        re-armed every lease TTL as a backstop against a lost watch stream.
+        """
+        while not self.lost.is_set():
+            kvs, revision = await self.etcd.get_prefix(self.layout.leader)
+            if not any(key == self.layout.leader for key, _ in kvs):
                 return
-            if self.lost.is_set():
-                return
+            try:
+                async with asyncio.timeout(self.ttl):
+                    async for ev in self.etcd.watch_prefix(self.layout.leader,
+                                                           start_revision=revision + 1):
+                        if ev.kind == "delete" and ev.key == self.layout.leader:
+                            return
+                        if self.lost.is_set():
+                            return
+            except TimeoutError:
+                continue
 
     async def resign(self) -> None:
         """Give the leadership up at once (clean shutdown), so a standby need not wait."""
