@@ -13,6 +13,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from etcd3aio import Etcd3Client
@@ -199,53 +200,37 @@ def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def read_key_sync(endpoint: str, key: bytes, timeout: float = 3.0) -> bytes | None:
-    """Read one key without an event loop (the synchronous client's discovery)."""
+def _range_sync(endpoint: str, key: bytes, range_end: bytes, timeout: float) -> Any:
+    """One etcd Range call without an event loop (the synchronous client and the CLI)."""
     from etcd3aio._protobuf import KVStub, RangeRequest
 
     parse_endpoint(endpoint)
     with grpc.insecure_channel(endpoint) as channel:
         try:
-            resp = KVStub(channel).Range(RangeRequest(key=key), timeout=timeout)
-        except grpc.RpcError as exc:
-            raise Unavailable(
-                f"cannot reach etcd at {endpoint} ({exc.code().name}); "  # type: ignore[attr-defined]
-                "start etcd or pass the right etcd=HOST:PORT"
-            ) from exc
-    return bytes(resp.kvs[0].value) if resp.kvs else None
-
-
-def read_prefix_sync(endpoint: str, prefix: bytes, timeout: float = 3.0) -> list[bytes]:
-    """Values of every key under `prefix`, without an event loop."""
-    from etcd3aio._protobuf import KVStub, RangeRequest
-
-    parse_endpoint(endpoint)
-    with grpc.insecure_channel(endpoint) as channel:
-        try:
-            resp = KVStub(channel).Range(
-                RangeRequest(key=prefix, range_end=prefix_range_end(prefix)), timeout=timeout)
-        except grpc.RpcError as exc:
-            raise Unavailable(
-                f"cannot reach etcd at {endpoint} ({exc.code().name})"  # type: ignore[attr-defined]
-            ) from exc
-    return [bytes(kv.value) for kv in resp.kvs]
-
-
-def read_items_sync(endpoint: str, prefix: bytes, timeout: float = 3.0) -> list[tuple[bytes, bytes]]:
-    """(key, value) of every key under `prefix`, without an event loop."""
-    from etcd3aio._protobuf import KVStub, RangeRequest
-
-    parse_endpoint(endpoint)
-    with grpc.insecure_channel(endpoint) as channel:
-        try:
-            resp = KVStub(channel).Range(
-                RangeRequest(key=prefix, range_end=prefix_range_end(prefix)), timeout=timeout)
+            return KVStub(channel).Range(RangeRequest(key=key, range_end=range_end),
+                                         timeout=timeout)
         except grpc.RpcError as exc:
             raise Unavailable(
                 f"cannot reach etcd at {endpoint} ({exc.code().name}); "  # type: ignore[attr-defined]
                 "start etcd or pass the right --etcd HOST:PORT"
             ) from exc
+
+
+def read_key_sync(endpoint: str, key: bytes, timeout: float = 3.0) -> bytes | None:
+    """Read one key without an event loop (the synchronous client's discovery)."""
+    resp = _range_sync(endpoint, key, b"", timeout)
+    return bytes(resp.kvs[0].value) if resp.kvs else None
+
+
+def read_items_sync(endpoint: str, prefix: bytes, timeout: float = 3.0) -> list[tuple[bytes, bytes]]:
+    """(key, value) of every key under `prefix`, without an event loop."""
+    resp = _range_sync(endpoint, prefix, prefix_range_end(prefix), timeout)
     return [(bytes(kv.key), bytes(kv.value)) for kv in resp.kvs]
+
+
+def read_prefix_sync(endpoint: str, prefix: bytes, timeout: float = 3.0) -> list[bytes]:
+    """Values of every key under `prefix`, without an event loop."""
+    return [value for _, value in read_items_sync(endpoint, prefix, timeout)]
 
 
 def write_keys_sync(endpoint: str, puts: dict[bytes, bytes], deletes: Sequence[bytes] = (),
