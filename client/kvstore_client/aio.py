@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
+import os
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from kvstore.coord.layout import Layout
 from kvstore.errors import Code, KVStoreError, NotFound
-from kvstore.transfer import Transfer
 from kvstore.v1 import master_pb2 as pb
 from kvstore_client import flows
 from kvstore_client.control import (
@@ -34,8 +33,6 @@ from kvstore_client.control import (
     unreachable_fast,
 )
 from kvstore_client.flows import ClientState, ClientStats, Flow, Lease, Move, Release, Rpc, Wait
-from kvstore_client.local import LocalSegments
-from kvstore_client.staging import Staging
 
 T = TypeVar("T")
 
@@ -57,23 +54,19 @@ class AsyncKVStoreClient:
         protocol: str = "tcp",
         device: str = "",
         same_host: bool = True,
-        transport: str = "fast",
+        transport: str | None = None,
     ) -> None:
         self.etcd = etcd
         self.timeout = timeout
-        self.transport = check_transport(transport)
+        self.transport = check_transport(transport or os.environ.get("KVSTORE_TRANSPORT", "fast"))
         self._layout = Layout(cluster)
         self._fixed_master = master
         self._control: AsyncControl | None = None
         self._fast_given_up = ""  # a fast address that would not take connections
         self.master_address = ""  # where control calls go (the fast or the gRPC address)
         self._epoch = 0
-        transfer = Transfer(host, protocol, device)
-        self._state = ClientState(
-            transfer, Staging(transfer, buffer_size),
-            LocalSegments(None if master else etcd, self._layout, enabled=same_host),
-            uuid.uuid4().hex, replicas,
-        )
+        self._state = ClientState.build(None if master else etcd, self._layout, buffer_size,
+                                        host, protocol, device, same_host, replicas)
         self._staging_turn = asyncio.Lock()
         self._background: set[asyncio.Task[Any]] = set()
 

@@ -5,13 +5,11 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from kvstore.coord.layout import Layout
 from kvstore.errors import Code, KVStoreError, NotFound
-from kvstore.transfer import Transfer
 from kvstore_client import flows
 from kvstore_client.control import (
     Control,
@@ -27,8 +25,6 @@ from kvstore_client.control import (
     unreachable_fast,
 )
 from kvstore_client.flows import ClientState, ClientStats, Flow, Lease, Move, Release, Rpc, Wait
-from kvstore_client.local import LocalSegments
-from kvstore_client.staging import Staging
 
 T = TypeVar("T")
 
@@ -57,11 +53,11 @@ class KVStoreClient:
         protocol: str = "tcp",
         device: str = "",
         same_host: bool = True,
-        transport: str = os.environ.get("KVSTORE_TRANSPORT", "fast"),
+        transport: str | None = None,
     ) -> None:
         self.etcd = etcd
         self.timeout = timeout
-        self.transport = check_transport(transport)
+        self.transport = check_transport(transport or os.environ.get("KVSTORE_TRANSPORT", "fast"))
         self._layout = Layout(cluster)
         self._fixed_master = master
         self._control: Control | None = None
@@ -69,12 +65,8 @@ class KVStoreClient:
         self.master_address = ""  # where control calls go (the fast or the gRPC address)
         self._epoch = 0  # the newest leader epoch seen; older replies are refused
         self._connect()
-        transfer = Transfer(host, protocol, device)
-        self._state = ClientState(
-            transfer, Staging(transfer, buffer_size),
-            LocalSegments(None if master else etcd, self._layout, enabled=same_host),
-            uuid.uuid4().hex, replicas,
-        )
+        self._state = ClientState.build(None if master else etcd, self._layout, buffer_size,
+                                        host, protocol, device, same_host, replicas)
 
     @property
     def stats(self) -> ClientStats:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from kvstore.checksum import checksum
+from kvstore.coord.layout import Layout
 from kvstore.errors import (
     Code,
     CorruptObject,
@@ -146,6 +148,14 @@ class ClientState:
         self.replicas = replicas
         self.stats = ClientStats()
         self.regions: list[tuple[int, int]] = []
+
+    @classmethod
+    def build(cls, etcd: str | None, layout: Layout, buffer_size: int, host: str, protocol: str,
+              device: str, same_host: bool, replicas: int) -> ClientState:
+        """A client's data side: its Transfer Engine, staging buffer and local maps."""
+        transfer = Transfer(host, protocol, device)
+        return cls(transfer, Staging(transfer, buffer_size),
+                   LocalSegments(etcd, layout, enabled=same_host), uuid.uuid4().hex, replicas)
 
     # -- registered memory ---------------------------------------------------------------
 
