@@ -10,7 +10,7 @@ STAMP   := $(VENV)/.installed
 NETNS   := unshare -n sh -c
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps run test lint typecheck proto proto-check clean
+.PHONY: setup system-deps run test soak lint typecheck proto proto-check clean
 
 setup: system-deps $(STAMP)
 
@@ -43,6 +43,11 @@ run: setup
 
 test: setup
 	$(NETNS) 'ip link set lo up && exec $(PY) -m pytest -q $(PYTEST_ARGS)'
+
+# Ten minutes of mixed traffic; RSS slope per daemon and leftovers (a 60 s version runs
+# in `make test`: tests/integration/test_soak.py).
+soak: setup
+	$(PY) -m bench.soak --seconds 600
 
 lint: setup
 	$(VENV)/bin/ruff check .

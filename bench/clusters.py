@@ -82,6 +82,7 @@ class OursCluster:
     etcd: str
     master: str
     logs: Path
+    pids: dict[str, int] = field(default_factory=dict)  # process name -> pid
 
 
 def wait_mounted(master: str, nodes: int, procs: list[subprocess.Popen[bytes]],
@@ -117,7 +118,8 @@ def ours(tmp: Path, dram: str = "2GiB", nodes: int = 1,
         except RuntimeError as exc:
             tails = "\n".join(log_tail(logs / f"{name}.log") for name, _ in dev.procs)
             raise RuntimeError(f"{exc}\n{tails}") from None
-        yield OursCluster(etcd=f"127.0.0.1:{opts.etcd_port}", master=master, logs=logs)
+        yield OursCluster(etcd=f"127.0.0.1:{opts.etcd_port}", master=master, logs=logs,
+                          pids={name: p.pid for name, p in dev.procs})
     finally:
         with uninterrupted():
             dev.stop()

@@ -1,0 +1,152 @@
+"""Soak: mixed traffic at full speed for a while; do the daemons' RSS stay flat, and is
+anything left behind (leases, PENDING objects) once the clients are gone?
+
+    python -m bench.soak --seconds 600      # `make soak`
+    python -m bench.soak --seconds 60       # the CI version (tests/integration/test_soak.py)
+
+Starts etcd, a master and two store nodes (small DRAM, so eviction runs all the time),
+and several client processes that each loop over: put_many of a batch, lookup with a
+lease, get_into under it, release, get_many, exists, remove. Every read is checked
+against what was written. The anonymous RSS (RssAnon: the heap, not the mapped segment)
+of each daemon is sampled every second; the slope is fitted over the second half of the
+run (after warm-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import random
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from bench.clusters import ours
+from bench.netns import ensure_private_netns
+from bench.stats import format_table
+from kvstore.v1 import master_pb2 as pb
+from kvstore.v1 import master_pb2_grpc as pbg
+
+
+@dataclass
+class SoakReport:
+    seconds: float
+    operations: int = 0
+    wrong_bytes: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    rss_mib: dict[str, list[float]] = field(default_factory=dict)
+    slope_mib_per_min: dict[str, float] = field(default_factory=dict)
+    leases_left: int = -1
+    pending_left: int = -1
+
+
+def _client(etcd: str, seed: int, seconds: float, out: mp.Queue) -> None:  # type: ignore[type-arg]
+    from kvstore_client import KVStoreClient, KVStoreError
+
+    rng = random.Random(seed)
+    ops = wrong = 0
+    errors: dict[str, int] = {}
+    deadline = time.monotonic() + seconds
+    with KVStoreClient(etcd=etcd, timeout=10) as c:
+        buf = np.zeros(16 * 65536, dtype=np.uint8)
+        c.register(buf)
+        n = 0
+        while time.monotonic() < deadline:
+            keys = [f"s{seed}-{n}-{i}".encode() for i in range(16)]
+            vals = [rng.randbytes(rng.randint(1, 65536)) for _ in keys]
+            n += 1
+            try:
+                c.put_many(keys, vals)
+                with c.lookup(keys, ttl=5) as lease:
+                    views = [buf[i * 65536:i * 65536 + len(v)] for i, v in enumerate(vals)]
+                    errs = c.get_into(lease.keys, views[:lease.count], lease=lease)
+                    for i, e in enumerate(errs):
+                        if e is None and bytes(views[i]) != vals[i]:
+                            wrong += 1
+                got = c.get_many(keys)
+                wrong += sum(g is not None and g != v for g, v in zip(got, vals, strict=True))
+                c.exists(keys)
+                if n % 3 == 0:
+                    c.remove_many(keys[:4])
+                ops += 5
+            except KVStoreError as exc:
+                errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+    out.put((ops, wrong, errors))
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):  # segment pages (shared memfd) are not leaks
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def run_soak(seconds: float, clients: int = 3) -> SoakReport:
+    report = SoakReport(seconds)
+    with tempfile.TemporaryDirectory(prefix="kvstore-soak-") as tmp, \
+            ours(Path(tmp), dram="64MiB", nodes=2) as cluster:
+        pids = {name: pid for name, pid in cluster.pids.items() if name != "etcd"}
+        report.rss_mib = {name: [] for name in pids}
+        ctx = mp.get_context("spawn")
+        queue: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+        procs = [ctx.Process(target=_client, args=(cluster.etcd, i, seconds, queue))
+                 for i in range(clients)]
+        for p in procs:
+            p.start()
+        start = time.monotonic()
+        while any(p.is_alive() for p in procs):
+            for name, pid in pids.items():
+                report.rss_mib[name].append(_rss_mib(pid))
+            time.sleep(1.0)
+            if time.monotonic() - start > seconds + 120:
+                break
+        for p in procs:
+            p.join(timeout=30)
+        while not queue.empty():
+            ops, wrong, errors = queue.get()
+            report.operations += ops
+            report.wrong_bytes += wrong
+            for k, v in errors.items():
+                report.errors[k] = report.errors.get(k, 0) + v
+        time.sleep(1.0)  # released leases are gone at once; nothing may be PENDING
+        with grpc.insecure_channel(cluster.master) as ch:
+            st = pbg.MasterStub(ch).ClusterStatus(pb.ClusterStatusRequest(), timeout=10)
+        report.leases_left = st.active_leases
+        report.pending_left = st.objects_pending
+        for name, samples in report.rss_mib.items():
+            half = samples[len(samples) // 2:]
+            if len(half) >= 2:
+                slope = float(np.polyfit(np.arange(len(half)) / 60.0, half, 1)[0])
+                report.slope_mib_per_min[name] = round(slope, 2)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__)
+    p.add_argument("--seconds", type=float, default=600)
+    p.add_argument("--clients", type=int, default=3)
+    p.add_argument("--json", default="")
+    args = p.parse_args(argv)
+    ensure_private_netns("bench.soak")
+    r = run_soak(args.seconds, args.clients)
+    rows = [[name, f"{s[0]:.0f}" if s else "-", f"{s[-1]:.0f}" if s else "-",
+             f"{r.slope_mib_per_min.get(name, 0.0):+.2f}"] for name, s in r.rss_mib.items()]
+    print(f"soak {r.seconds:.0f} s, {args.clients} clients: {r.operations} operations, "
+          f"{r.wrong_bytes} wrong bytes, errors {r.errors or 'none'}, leases left "
+          f"{r.leases_left}, PENDING left {r.pending_left}")
+    print(format_table(["daemon", "RSS start MiB", "RSS end MiB", "slope MiB/min (2nd half)"],
+                       rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(asdict(r), indent=2))
+    return 0 if r.wrong_bytes == 0 and r.leases_left == 0 and r.pending_left == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
