@@ -215,7 +215,16 @@ class MasterDaemon:
                 self._inflight.add(task)
                 task.add_done_callback(self._inflight.discard)
 
+    def _queue_deltas(self) -> None:
+        for c in self.core.drain_replica_changes():
+            self.links.queue(c.node_id, spb.Replica(
+                key=c.key, offset=c.offset, size=c.size, checksum=c.checksum,
+                tier=c.tier), c.added)
+
     async def _run_moves(self, node_id: str, moves: list[TierMove]) -> None:
+        # Inventory changes made before these moves reach the node first (see flush_node).
+        self._queue_deltas()
+        await self.links.flush_node(node_id)
         items = [spb.MoveItem(kind=m.kind, key=m.key, size=m.size, checksum=m.checksum,
                               dram_offset=m.dram_offset, ssd_offset=m.ssd_offset)
                  for m in moves]
@@ -231,10 +240,7 @@ class MasterDaemon:
                 self.core.tick()
                 self.core.drain_events()
                 self._moves_wanted.set()  # eviction in tick() may have queued demotions
-                for c in self.core.drain_replica_changes():
-                    self.links.queue(c.node_id, spb.Replica(
-                        key=c.key, offset=c.offset, size=c.size, checksum=c.checksum,
-                        tier=c.tier), c.added)
+                self._queue_deltas()
                 # Deltas go out in the background: a slow node never delays the tick.
                 if flush is None or flush.done():
                     flush = asyncio.create_task(self.links.flush())

@@ -34,6 +34,8 @@ class _Link:
     stub: spbg.StoreNodeStub
     add: list[spb.Replica] = field(default_factory=list)
     drop: list[spb.Replica] = field(default_factory=list)
+    # One Apply at a time per node, in order: flush_node() waits behind it.
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class NodeLinks:
@@ -86,8 +88,26 @@ class NodeLinks:
         if sends:
             await asyncio.gather(*sends)
 
+    async def flush_node(self, node_id: str) -> None:
+        """Deliver everything queued for one node, after any Apply already in flight.
+
+        Tier moves call this first: a drop of a key's old SSD copy must reach the node
+        before a new demotion of that key, or the node would delete the new copy."""
+        link = self._links.get(node_id)
+        if link is None:
+            return
+        add, drop = link.add, link.drop
+        link.add, link.drop = [], []
+        await self._send(node_id, link, add, drop)
+
     async def _send(self, node_id: str, link: _Link, add: list[spb.Replica],
                     drop: list[spb.Replica]) -> None:
+        async with link.lock:
+            if add or drop:
+                await self._apply(node_id, link, add, drop)
+
+    async def _apply(self, node_id: str, link: _Link, add: list[spb.Replica],
+                     drop: list[spb.Replica]) -> None:
         try:
             reply = await link.stub.Apply(spb.ApplyRequest(epoch=self._epoch(), add=add,
                                                            drop=drop), timeout=5.0)
