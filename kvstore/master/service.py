@@ -93,14 +93,10 @@ class MasterService(pbg.MasterServicer):
         core: MasterCore,
         leadership: Leadership,
         metrics: MasterMetrics,
-        after_write: Callable[[], None] | None = None,
     ) -> None:
         self.core = core
         self.leadership = leadership
         self.metrics = metrics
-        # Called after calls that may change occupancy, so eviction events reach the
-        # store nodes and the counters without waiting for the next tick.
-        self._after_write = after_write or (lambda: None)
         bodies: dict[str, Body] = {
             "PutStart": self.put_start,
             "PutEnd": self.put_end,
@@ -172,7 +168,6 @@ class MasterService(pbg.MasterServicer):
             list(request.keys), list(request.sizes), list(request.checksums),
             replicas=request.replicas or None, writer=request.writer,
         )
-        self._after_write()
         reply = pb.PutStartResponse()
         add = reply.items.add
         for r in results:
@@ -192,14 +187,10 @@ class MasterService(pbg.MasterServicer):
         return self._codes(self.core.put_end(list(request.keys), request.writer))
 
     def put_revoke(self, request: pb.KeysRequest) -> pb.CodesResponse:
-        reply = self._codes(self.core.put_revoke(list(request.keys), request.writer))
-        self._after_write()
-        return reply
+        return self._codes(self.core.put_revoke(list(request.keys), request.writer))
 
     def remove(self, request: pb.RemoveRequest) -> pb.CodesResponse:
-        reply = self._codes(self.core.remove(list(request.keys), force=request.force))
-        self._after_write()
-        return reply
+        return self._codes(self.core.remove(list(request.keys), force=request.force))
 
     # -- reads ----------------------------------------------------------------------
 
@@ -245,7 +236,6 @@ class MasterService(pbg.MasterServicer):
 
     def unmount_segment(self, request: pb.UnmountSegmentRequest) -> pb.MountSegmentResponse:
         self.core.unmount_node(request.node_id, reason="left")
-        self._after_write()
         return pb.MountSegmentResponse()
 
     def cluster_status(self, request: pb.ClusterStatusRequest) -> pb.ClusterStatusResponse:
@@ -332,7 +322,6 @@ class MasterService(pbg.MasterServicer):
 
     def evict(self, request: pb.EvictRequest) -> pb.EvictResponse:
         r = self.core.evict_to(request.ratio, request.max_objects or None)
-        self._after_write()
         return pb.EvictResponse(evicted=r.evicted, evicted_bytes=r.evicted_bytes,
                                 used=max(r.used, 0), capacity=r.capacity, reached=r.reached,
                                 held=r.held, pinned=r.pinned)
@@ -343,7 +332,6 @@ class MasterService(pbg.MasterServicer):
 
     def drain(self, request: pb.DrainRequest) -> pb.DrainResponse:
         r = self.core.drain(request.node_id, request.max_objects or 1000)
-        self._after_write()
         return pb.DrainResponse(
             dropped=r.dropped, dropped_bytes=r.dropped_bytes,
             sole_keys=[k for k, _ in r.sole], sole_sizes=[size for _, size in r.sole],
