@@ -7,11 +7,15 @@ import asyncio
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvstore import admin
 from kvstore.errors import KVStoreError
 from kvstore.logs import ENV_FORMAT, FORMATS, default_format, setup_logging
 from kvstore.units import parse_size
+
+if TYPE_CHECKING:
+    from kvstore.security.daemons import DaemonSecurity
 
 
 def _setup_logging(level: str, fmt: str = "text") -> None:
@@ -30,6 +34,15 @@ def _run_async(coro_factory: object) -> int:
     return int(asyncio.run(coro_factory()))  # type: ignore[operator]
 
 
+def _security(args: argparse.Namespace) -> DaemonSecurity:
+    from kvstore.security.daemons import DaemonSecurity
+
+    return DaemonSecurity.from_flags(
+        tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
+        tls_client_ca=args.tls_client_ca, auth_file=args.auth_file, token_file=args.token_file,
+        insecure=args.insecure)
+
+
 def cmd_master(args: argparse.Namespace) -> int:
     from kvstore.master.core import CoreConfig
     from kvstore.master.daemon import MasterDaemon, MasterOptions
@@ -42,7 +55,8 @@ def cmd_master(args: argparse.Namespace) -> int:
     opts = MasterOptions(etcd=args.etcd, listen=args.listen, cluster=args.cluster,
                          master_id=args.master_id, etcd_lease_ttl=args.etcd_lease_ttl,
                          metrics_port=args.metrics_port, metrics_host=args.metrics_host,
-                         core=core, fast_listen=args.fast_listen)
+                         core=core, fast_listen=args.fast_listen,
+                         security=_security(args))
     return _run_async(lambda: MasterDaemon(opts).run())
 
 
@@ -55,7 +69,8 @@ def cmd_store(args: argparse.Namespace) -> int:
                         metrics_port=args.metrics_port, listen=args.listen,
                         metrics_host=args.metrics_host, ssd_dir=args.ssd_dir,
                         ssd=parse_size(args.ssd) if args.ssd else 0,
-                        ssd_fsync=not args.ssd_no_fsync)
+                        ssd_fsync=not args.ssd_no_fsync,
+                        security=_security(args))
     return _run_async(lambda: StoreDaemon(opts).run())
 
 
@@ -65,7 +80,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     parse_size(args.dram)  # fail before starting anything
     return run_up(UpOptions(data_dir=Path(args.data_dir), nodes=args.nodes, dram=args.dram,
                             etcd_port=args.etcd_port, master_port=args.master_port,
-                            metrics_port=args.metrics_port, cluster=args.cluster))
+                            metrics_port=args.metrics_port, cluster=args.cluster,
+                            secure=not args.insecure))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -96,6 +112,23 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--etcd", default="127.0.0.1:2379", help="etcd HOST:PORT")
         sp.add_argument("--cluster", default="default", help="cluster name (etcd key prefix)")
 
+    def security(sp: argparse.ArgumentParser) -> None:
+        g = sp.add_argument_group("security (see the README's Security section)")
+        g.add_argument("--tls-cert", default="", help="PEM certificate: serve TLS only")
+        g.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
+        g.add_argument("--tls-ca", default="",
+                       help="CA of the peers' certificates (master <-> store nodes); default: "
+                            "the system's roots")
+        g.add_argument("--tls-client-ca", default="",
+                       help="require client certificates signed by this CA (mutual TLS)")
+        g.add_argument("--auth-file", default="",
+                       help="access file (tokens, roles, tenants, quotas); master: SIGHUP "
+                            "reloads it. Unset: no tokens are checked")
+        g.add_argument("--token-file", default="",
+                       help="file holding the node token this daemon presents to its peers")
+        g.add_argument("--insecure", action="store_true",
+                       help="allow listening beyond loopback without TLS and tokens")
+
     m = sub.add_parser("master", help="run a master (leader or standby)")
     common(m)
     m.add_argument("--listen", default="127.0.0.1:50051", help="gRPC HOST:PORT")
@@ -115,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--metrics-port", type=int, default=0, help="serve /metrics here (0: off)")
     m.add_argument("--metrics-host", default="127.0.0.1",
                    help="address /metrics listens on (the pod IP under Kubernetes)")
+    security(m)
     m.set_defaults(func=cmd_master)
 
     s = sub.add_parser("store", help="run a store node")
@@ -132,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ssd", default="", help="SSD tier cap in bytes on disk, e.g. 100GiB")
     s.add_argument("--ssd-no-fsync", action="store_true",
                    help="skip fsync on SSD writes (faster; a crash may lose recent demotions)")
+    security(s)
     s.set_defaults(func=cmd_store)
 
     u = sub.add_parser("up", help="run a local dev cluster (etcd + master + store nodes)")
@@ -142,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--master-port", type=int, default=50051)
     u.add_argument("--metrics-port", type=int, default=0)
     u.add_argument("--cluster", default="default")
+    u.add_argument("--insecure", action="store_true",
+                   help="no TLS, no tokens (default: a dev CA and tokens under --data-dir)")
     u.set_defaults(func=cmd_up)
 
     # status, nodes, capacity, evictions, keys, inspect, evict, drain, config

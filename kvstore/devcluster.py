@@ -4,6 +4,12 @@ Starts a private etcd (the `etcd` binary, data under --data-dir), one master and
 nodes, all on loopback, prints the endpoints and stops everything, in reverse order, on
 Ctrl-C or SIGTERM. If any process dies on its own, the rest are stopped too and the exit
 code says so.
+
+Secure by default: the master and the nodes serve TLS with a CA made for this data
+directory, and check tokens (kvstore.security.devca). The client and admin tokens and the
+CA are written to the credentials file (~/.config/kvstore/credentials.json, or
+$KVSTORE_CREDENTIALS) under "127.0.0.1:ETCD_PORT/CLUSTER", where clients and the admin
+CLI pointed at this etcd find them without any setting. `--insecure` starts it open.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvstore.errors import InvalidArgument, Unavailable
+from kvstore.security.credentials import credentials_path
+from kvstore.security.devca import DEV_TENANT, ensure_dev_secrets, write_credentials
 
 
 @dataclass
@@ -31,6 +39,7 @@ class UpOptions:
     cluster: str = "default"
     extra_master_args: list[str] = field(default_factory=list)
     extra_store_args: list[str] = field(default_factory=list)
+    secure: bool = True
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -96,8 +105,14 @@ class DevCluster:
         proc = self._spawn("etcd", etcd_command(o.data_dir / "etcd", o.etcd_port, free_port()), logs)
         wait_for_port(o.etcd_port, proc, "etcd")
         kv = [sys.executable, "-m", "kvstore"]
+        secure: list[str] = []
+        if o.secure:
+            sec = ensure_dev_secrets(o.data_dir)
+            secure = ["--tls-cert", str(sec.cert), "--tls-key", str(sec.key), "--tls-ca", str(sec.ca),
+                      "--auth-file", str(sec.access), "--token-file", str(sec.node_token_file)]
+            write_credentials(credentials_path(), f"{etcd}/{o.cluster}", sec.client_credentials())
         master = [*kv, "master", "--etcd", etcd, "--listen", f"127.0.0.1:{o.master_port}",
-                  "--cluster", o.cluster, *o.extra_master_args]
+                  "--cluster", o.cluster, *secure, *o.extra_master_args]
         if o.metrics_port:
             master += ["--metrics-port", str(o.metrics_port)]
         proc = self._spawn("master", master, logs)
@@ -105,7 +120,7 @@ class DevCluster:
         for i in range(o.nodes):
             self._spawn(f"store-{i}", [*kv, "store", "--etcd", etcd, "--dram", o.dram,
                                        "--cluster", o.cluster, "--node-id", f"node-{i}",
-                                       *o.extra_store_args], logs)
+                                       *secure, *o.extra_store_args], logs)
 
     def _spawn(self, name: str, cmd: list[str], logs: Path) -> subprocess.Popen[bytes]:
         log = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the child
@@ -157,6 +172,11 @@ def run_up(opts: UpOptions) -> int:
         if opts.metrics_port:
             print(f"  metrics     http://127.0.0.1:{opts.metrics_port}/metrics")
         print(f'  client      KVStoreClient(etcd="{etcd}")')
+        if opts.secure:
+            print(f"  security    TLS + tokens; tenant {DEV_TENANT!r}; credentials for this cluster "
+                  f"in {credentials_path()}")
+        else:
+            print("  security    none (--insecure): anyone on this host can read and write")
         print("Ctrl-C stops everything.", flush=True)
         return cluster.wait()
     finally:

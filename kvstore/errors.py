@@ -27,6 +27,9 @@ class Code(IntEnum):
     NOT_LEADER = 10
     INTERNAL = 11
     BUSY = 12
+    UNAUTHENTICATED = 13
+    PERMISSION_DENIED = 14
+    QUOTA_EXCEEDED = 15
 
 
 class KVStoreError(Exception):
@@ -94,6 +97,24 @@ class Busy(Unavailable):
     code = Code.BUSY
 
 
+class Unauthenticated(KVStoreError):
+    """No token, or one the server does not know: check the client's token."""
+
+    code = Code.UNAUTHENTICATED
+
+
+class PermissionDenied(KVStoreError):
+    """The token is known but its role may not make this call."""
+
+    code = Code.PERMISSION_DENIED
+
+
+class QuotaExceeded(StoreFull):
+    """The tenant's quota is taken by objects that cannot be evicted (pinned, pending)."""
+
+    code = Code.QUOTA_EXCEEDED
+
+
 _BY_CODE: dict[Code, type[KVStoreError]] = {
     Code.NOT_FOUND: NotFound,
     Code.ALREADY_EXISTS: AlreadyExists,
@@ -107,6 +128,9 @@ _BY_CODE: dict[Code, type[KVStoreError]] = {
     Code.NOT_LEADER: NotLeader,
     Code.INTERNAL: Internal,
     Code.BUSY: Busy,
+    Code.UNAUTHENTICATED: Unauthenticated,
+    Code.PERMISSION_DENIED: PermissionDenied,
+    Code.QUOTA_EXCEEDED: QuotaExceeded,
 }
 
 

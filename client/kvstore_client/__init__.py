@@ -11,7 +11,10 @@ from kvstore.errors import (
     LeaseNotFound,
     NotFound,
     NotLeader,
+    PermissionDenied,
+    QuotaExceeded,
     StoreFull,
+    Unauthenticated,
     Unavailable,
 )
 from kvstore_client.aio import AsyncKVStoreClient
@@ -33,6 +36,9 @@ __all__ = [
     "LeaseNotFound",
     "NotFound",
     "NotLeader",
+    "PermissionDenied",
+    "QuotaExceeded",
     "StoreFull",
+    "Unauthenticated",
     "Unavailable",
 ]

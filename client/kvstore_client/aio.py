@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from kvstore.coord.layout import Layout
 from kvstore.errors import Code, KVStoreError, NotFound
+from kvstore.security.credentials import Credentials
 from kvstore.v1 import master_pb2 as pb
 from kvstore_client import flows
 from kvstore_client.control import (
@@ -55,8 +56,16 @@ class AsyncKVStoreClient:
         device: str = "",
         same_host: bool = True,
         transport: str | None = None,
+        token: str | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_server_name: str | None = None,
     ) -> None:
         self.etcd = etcd
+        self._creds = Credentials.resolve(
+            cluster=f"{master or etcd}/{cluster}", token=token, tls_ca=tls_ca, tls_cert=tls_cert,
+            tls_key=tls_key, tls_server_name=tls_server_name)
         self.timeout = timeout
         self.transport = check_transport(transport or os.environ.get("KVSTORE_TRANSPORT", "fast"))
         self._layout = Layout(cluster)
@@ -90,7 +99,8 @@ class AsyncKVStoreClient:
         if control is None or (control.transport, control.address) != want:
             if control is not None:
                 await control.close()
-            self._control = open_async_control(record, self.transport, self._fast_given_up)
+            self._control = open_async_control(record, self.transport, self._fast_given_up,
+                                  self._creds)
             self.master_address = self._control.address
 
     async def close(self) -> None:

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from kvstore.coord.layout import Layout
 from kvstore.errors import Code, KVStoreError, NotFound
+from kvstore.security.credentials import Credentials
 from kvstore_client import flows
 from kvstore_client.control import (
     Control,
@@ -54,8 +55,16 @@ class KVStoreClient:
         device: str = "",
         same_host: bool = True,
         transport: str | None = None,
+        token: str | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_server_name: str | None = None,
     ) -> None:
         self.etcd = etcd
+        self._creds = Credentials.resolve(
+            cluster=f"{master or etcd}/{cluster}", token=token, tls_ca=tls_ca, tls_cert=tls_cert,
+            tls_key=tls_key, tls_server_name=tls_server_name)
         self.timeout = timeout
         self.transport = check_transport(transport or os.environ.get("KVSTORE_TRANSPORT", "fast"))
         self._layout = Layout(cluster)
@@ -100,7 +109,8 @@ class KVStoreClient:
         if control is None or (control.transport, control.address) != want:
             if control is not None:
                 control.close()
-            self._control = open_control(record, self.transport, self._fast_given_up)
+            self._control = open_control(record, self.transport, self._fast_given_up,
+                                  self._creds)
             self.master_address = self._control.address
 
     def _call(self, method: str, request: Any) -> Any:

@@ -12,12 +12,18 @@ A fast address that refuses or drops FAST_GIVE_UP connection attempts in a row (
 firewall that only lets the gRPC port through, say) is given up for that leader: the
 client carries on over gRPC, says so once in the log, and tries the fast channel again
 when a new leader is announced.
+
+Security: the control objects take the client's `Credentials`. TLS is used when the
+leader's record says it serves TLS, or when the client was given a CA (so an etcd
+entry cannot talk a client that expects TLS into plaintext); the token goes in every
+gRPC call's metadata, and in one `Authenticate` per fast connection.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import ssl
 from typing import Any, Literal
 
 import grpc
@@ -28,6 +34,8 @@ from kvstore.coord.layout import Layout, MasterRecord
 from kvstore.errors import Code, InvalidArgument, Unavailable, error_for
 from kvstore.rpc.aio_client import AsyncFastChannel
 from kvstore.rpc.client import FastChannel
+from kvstore.rpc.framing import split_address
+from kvstore.security.credentials import Credentials
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
 
@@ -98,6 +106,39 @@ class Retry(Exception):
     """A control call failed in a way that another attempt (maybe at a new leader) may fix."""
 
 
+def uses_tls(record: MasterRecord, creds: Credentials) -> bool:
+    return record.tls or bool(creds.tls_ca)
+
+
+def tls_refused(address: str, exc: ssl.SSLError) -> Unavailable:
+    return Unavailable(
+        f"cannot verify the master's TLS certificate at {address} ({exc.reason or exc}); "
+        "give the client the CA that signed it (tls_ca= or KVSTORE_TLS_CA), or the name in "
+        "the certificate (tls_server_name=)")
+
+
+def _grpc_channel(address: str, tls: bool, creds: Credentials) -> grpc.Channel:
+    if tls:
+        t = creds.tls
+        return grpc.secure_channel(address, t.grpc_credentials(),
+                                   options=GRPC_OPTIONS + t.grpc_options())
+    return grpc.insecure_channel(address, options=GRPC_OPTIONS)
+
+
+def _aio_grpc_channel(address: str, tls: bool, creds: Credentials) -> grpc.aio.Channel:
+    if tls:
+        t = creds.tls
+        return grpc.aio.secure_channel(address, t.grpc_credentials(),
+                                       options=GRPC_OPTIONS + t.grpc_options())
+    return grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+
+
+def _fast_args(address: str, tls: bool, creds: Credentials) -> dict[str, Any]:
+    return {"tls": creds.tls.ssl_context() if tls else None,
+            "server_hostname": creds.tls.hostname(split_address(address)[0]),
+            "token": creds.token}
+
+
 def _why(exc: OSError) -> str:
     if isinstance(exc, TimeoutError):
         return "timed out"
@@ -128,16 +169,18 @@ def unreachable_fast(control: Any, given_up: str) -> str:
 class GrpcControl:
     transport = "grpc"
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, tls: bool = False, creds: Credentials | None = None) -> None:
+        creds = creds or Credentials()
         self.address = address
-        self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        self._channel = _grpc_channel(address, tls, creds)
+        self._md = creds.metadata()
         self._stub = pbg.MasterStub(self._channel)
         # grpc cancels a call whose future is garbage-collected: hold each until done.
         self._releasing: set[Any] = set()
 
     def call(self, method: str, request: Any, timeout: float) -> Any:
         try:
-            return getattr(self._stub, method)(request, timeout=timeout)
+            return getattr(self._stub, method)(request, timeout=timeout, metadata=self._md)
         except grpc.RpcError as exc:
             code = exc.code().name  # type: ignore[attr-defined]
             if code not in RETRIABLE:
@@ -148,7 +191,7 @@ class GrpcControl:
         """Release without waiting; grpc runs the call on a thread of its own."""
         with contextlib.suppress(grpc.RpcError):
             future = self._stub.ReleaseLease.future(pb.ReleaseLeaseRequest(lease_id=lease_id),
-                                                    timeout=timeout)
+                                                    timeout=timeout, metadata=self._md)
             self._releasing.add(future)
             future.add_done_callback(self._releasing.discard)
 
@@ -159,13 +202,15 @@ class GrpcControl:
 class FastControl:
     transport = "fast"
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, tls: bool = False, creds: Credentials | None = None) -> None:
         self.address = address
-        self.channel = FastChannel(address)
+        self.channel = FastChannel(address, **_fast_args(address, tls, creds or Credentials()))
 
     def call(self, method: str, request: Any, timeout: float) -> Any:
         try:
             return self.channel.call(method, request, timeout)
+        except ssl.SSLCertVerificationError as exc:
+            raise tls_refused(self.address, exc) from exc
         except OSError as exc:
             raise Retry(f"{self.address}: {_why(exc)}") from exc
 
@@ -181,9 +226,13 @@ class FastControl:
 Control = GrpcControl | FastControl
 
 
-def open_control(record: MasterRecord, transport: Transport, given_up: str = "") -> Control:
+def open_control(record: MasterRecord, transport: Transport, given_up: str = "",
+                 creds: Credentials | None = None) -> Control:
+    creds = creds or Credentials()
     kind, address = target(record, transport, given_up)
-    return FastControl(address) if kind == "fast" else GrpcControl(address)
+    tls = uses_tls(record, creds)
+    return (FastControl(address, tls, creds) if kind == "fast"
+            else GrpcControl(address, tls, creds))
 
 
 # -- asyncio ----------------------------------------------------------------------------
@@ -192,14 +241,16 @@ def open_control(record: MasterRecord, transport: Transport, given_up: str = "")
 class AsyncGrpcControl:
     transport = "grpc"
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, tls: bool = False, creds: Credentials | None = None) -> None:
+        creds = creds or Credentials()
         self.address = address
-        self._channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+        self._channel = _aio_grpc_channel(address, tls, creds)
+        self._md = creds.metadata()
         self._stub = pbg.MasterStub(self._channel)
 
     async def call(self, method: str, request: Any, timeout: float) -> Any:
         try:
-            return await getattr(self._stub, method)(request, timeout=timeout)
+            return await getattr(self._stub, method)(request, timeout=timeout, metadata=self._md)
         except grpc.aio.AioRpcError as exc:
             code = exc.code().name
             if code not in RETRIABLE:
@@ -216,13 +267,15 @@ class AsyncGrpcControl:
 class AsyncFastControl:
     transport = "fast"
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, tls: bool = False, creds: Credentials | None = None) -> None:
         self.address = address
-        self.channel = AsyncFastChannel(address)
+        self.channel = AsyncFastChannel(address, **_fast_args(address, tls, creds or Credentials()))
 
     async def call(self, method: str, request: Any, timeout: float) -> Any:
         try:
             return await self.channel.call(method, request, timeout)
+        except ssl.SSLCertVerificationError as exc:
+            raise tls_refused(self.address, exc) from exc
         except OSError as exc:
             raise Retry(f"{self.address}: {_why(exc)}") from exc
 
@@ -237,7 +290,10 @@ class AsyncFastControl:
 AsyncControl = AsyncGrpcControl | AsyncFastControl
 
 
-def open_async_control(record: MasterRecord, transport: Transport,
-                       given_up: str = "") -> AsyncControl:
+def open_async_control(record: MasterRecord, transport: Transport, given_up: str = "",
+                       creds: Credentials | None = None) -> AsyncControl:
+    creds = creds or Credentials()
     kind, address = target(record, transport, given_up)
-    return AsyncFastControl(address) if kind == "fast" else AsyncGrpcControl(address)
+    tls = uses_tls(record, creds)
+    return (AsyncFastControl(address, tls, creds) if kind == "fast"
+            else AsyncGrpcControl(address, tls, creds))

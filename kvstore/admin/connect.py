@@ -15,6 +15,7 @@ import grpc
 from kvstore.coord.etcd import read_items_sync, read_key_sync
 from kvstore.coord.layout import Layout, MasterRecord
 from kvstore.errors import Code, Unavailable, error_for
+from kvstore.security.credentials import Credentials
 from kvstore.v1 import master_pb2_grpc as pbg
 
 # A ListKeys reply of 10,000 keys of up to 1 KiB is larger than gRPC's 4 MiB default.
@@ -28,6 +29,14 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
                    help="talk to this master HOST:PORT instead of finding the leader in etcd")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per call (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.add_argument("--token", default=None,
+                   help="admin token (default: $KVSTORE_ADMIN_TOKEN, else the credentials file "
+                        "`kvstore up` writes)")
+    p.add_argument("--tls-ca", default=None,
+                   help="CA of the master's certificate (default: $KVSTORE_TLS_CA, the "
+                        "credentials file, or the system's roots)")
+    p.add_argument("--tls-server-name", default=None,
+                   help="name to check the master's certificate for (default: its address)")
 
 
 class Admin:
@@ -39,6 +48,11 @@ class Admin:
         self.fixed: str = getattr(args, "master", "") or ""
         self.timeout: float = getattr(args, "timeout", 10.0)
         self.address = ""
+        self.creds = Credentials.resolve(
+            cluster=f"{self.fixed or self.etcd}/{args.cluster}", role="admin",
+            token=getattr(args, "token", None), tls_ca=getattr(args, "tls_ca", None),
+            tls_server_name=getattr(args, "tls_server_name", None))
+        self._tls = False
         self._channel: grpc.Channel | None = None
         self._stub: pbg.MasterStub | None = None
 
@@ -77,12 +91,18 @@ class Admin:
         if record is None:
             raise Unavailable(f"no kvstore master is registered in etcd at {self.etcd} "
                               f"(cluster {self.layout.root.decode()!r}); is a master running?")
+        self._tls = record.tls
         return record.address
 
     def _connect(self) -> pbg.MasterStub:
         if self._stub is None:
             self.address = self._leader_address()
-            self._channel = grpc.insecure_channel(self.address, options=_OPTIONS)
+            if self._tls or self.creds.tls_ca:
+                tls = self.creds.tls
+                self._channel = grpc.secure_channel(self.address, tls.grpc_credentials(),
+                                                    options=_OPTIONS + tls.grpc_options())
+            else:
+                self._channel = grpc.insecure_channel(self.address, options=_OPTIONS)
             self._stub = pbg.MasterStub(self._channel)
         return self._stub
 
@@ -93,7 +113,8 @@ class Admin:
         for attempt in range(2):
             stub = self._connect()
             try:
-                reply = getattr(stub, method)(request, timeout=self.timeout)
+                reply = getattr(stub, method)(request, timeout=self.timeout,
+                                              metadata=self.creds.metadata())
             except grpc.RpcError as exc:
                 code = exc.code()  # type: ignore[attr-defined]
                 if code == grpc.StatusCode.UNIMPLEMENTED:

@@ -69,6 +69,7 @@ class MasterRecord:
     pid: int
     metrics: str = ""
     fast: str = ""  # fast control channel HOST:PORT (kvstore.rpc); "": gRPC only
+    tls: bool = False  # both endpoints serve TLS only
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()
@@ -94,6 +95,7 @@ class NodeRecord:
     shm_path: str = ""  # same-host clients may map the segment from here
     shm_inode: int = 0  # ...if the file there is this memfd
     boot_id: str = ""  # ...and they run under the same kernel boot
+    tls: bool = False  # its gRPC service serves TLS only
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()

@@ -29,6 +29,8 @@ from kvstore.master.nodes import NodeLinks
 from kvstore.master.service import MasterService, add_to_server
 from kvstore.rpc.framing import join_address, split_address
 from kvstore.rpc.server import FastServer
+from kvstore.security.access import AccessList, Authenticator
+from kvstore.security.daemons import DaemonSecurity
 from kvstore.v1 import store_pb2 as spb
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,7 @@ class MasterOptions:
     core: CoreConfig | None = None
     # The fast control channel (kvstore.rpc) HOST:PORT; "": --listen's host, a free port.
     fast_listen: str = ""
+    security: DaemonSecurity | None = None
 
 
 class MasterDaemon:
@@ -64,11 +67,14 @@ class MasterDaemon:
         self.etcd = Etcd(opts.etcd)
         master_id = opts.master_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         metrics = f"{opts.metrics_host}:{opts.metrics_port}" if opts.metrics_port else ""
+        self.security = opts.security or DaemonSecurity()
         self.record = MasterRecord(master_id=master_id, address=opts.listen, pid=os.getpid(),
-                                   metrics=metrics)
+                                   metrics=metrics, tls=self.security.tls)
         self.election = Election(self.etcd, self.layout, self.record, ttl=opts.etcd_lease_ttl)
-        self.service = MasterService(self.core, self.election, self.metrics)
-        self.links = NodeLinks(lambda: self.election.epoch)
+        self.auth = Authenticator(self.security.access)
+        self.service = MasterService(self.core, self.election, self.metrics, self.auth)
+        self.links = NodeLinks(lambda: self.election.epoch, self.security)
+        self._fast: FastServer | None = None
         self.live_config = LiveConfig(self.etcd, self.layout)
         self._records: dict[str, NodeRecord] = {}
         self._moves_wanted = asyncio.Event()
@@ -82,11 +88,13 @@ class MasterDaemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self.reload_access)
+        self.security.check_exposure(self.opts.listen, self.opts.fast_listen)
         await self.etcd.connect()
         self.server = grpc.aio.server(options=GRPC_OPTIONS)
         add_to_server(self.service, self.server)
         try:
-            port = self.server.add_insecure_port(self.opts.listen)
+            port = self.security.add_port(self.server, self.opts.listen)
         except RuntimeError as exc:
             raise InvalidArgument(
                 f"cannot listen on {self.opts.listen} ({exc}); pick a free port with --listen"
@@ -94,7 +102,10 @@ class MasterDaemon:
         if port == 0:
             raise InvalidArgument(f"cannot listen on {self.opts.listen}; pick a free port with --listen")
         await self.server.start()
-        fast = FastServer(self.service.handle)
+        tls = self.security.server_tls
+        fast = self._fast = FastServer(
+            self.service.handle, tls=tls.ssl_context() if tls else None,
+            authenticate=self.auth.principal if self.auth.required else None)
         fast_listen = self.opts.fast_listen or join_address(split_address(self.opts.listen)[0], 0)
         try:
             fast_address = await fast.start(fast_listen)
@@ -143,6 +154,8 @@ class MasterDaemon:
         config, config_revision = await self.live_config.load(config)
         self.core = self.service.core = MasterCore(config, MonotonicClock())
         self.core.journal = []
+        if self.security.access is not None:
+            self.core.set_quotas(self.security.access.quotas())
         await self.live_config.restore_draining(self.core)
         self.core.on_move_queued = self._moves_wanted.set
         records, revision = await self.etcd.get_prefix(self.layout.nodes)
@@ -157,6 +170,27 @@ class MasterDaemon:
         self._tasks.append(asyncio.create_task(
             self.live_config.follow(config_revision + 1, lambda: self.core), name="config"))
         self._tasks.append(asyncio.create_task(self._mover_loop(), name="tier-moves"))
+
+    def reload_access(self) -> None:
+        """SIGHUP: read the access file again (new or revoked tokens, quotas). Open fast
+        connections are closed, so that each authenticates again with the new file."""
+        path = self.security.access.source if self.security.access is not None else ""
+        if not path:
+            log.warning("SIGHUP: no --auth-file to reload")
+            return
+        try:
+            access = AccessList.load(path)
+        except KVStoreError as exc:
+            log.error("SIGHUP: keeping the old access file: %s", exc.message)
+            return
+        self.security = replace(self.security, access=access)
+        self.auth.access = access
+        self.auth.forget()
+        self.core.set_quotas(access.quotas())
+        if self._fast is not None:
+            self._fast.drop_connections()
+        log.info("access file %s reloaded: %d token(s), %d tenant(s)", path,
+                 len(access.principals), len(access.tenants))
 
     def _mount(self, raw: bytes) -> str | None:
         try:
@@ -174,7 +208,7 @@ class MasterDaemon:
         except (ValueError, TypeError, KeyError, KVStoreError) as exc:
             log.error("ignoring a bad node record in etcd (%s): %r", exc, raw[:200])
             return None
-        self.links.set_node(node.node_id, node.service)
+        self.links.set_node(node.node_id, node.service, node.tls)
         log.info("mounted node %s (%s, %d bytes)", node.node_id, node.segment, node.size)
         return node.node_id
 

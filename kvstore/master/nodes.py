@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from kvstore.errors import Code
+from kvstore.security.daemons import DaemonSecurity
 from kvstore.v1 import store_pb2 as spb
 from kvstore.v1 import store_pb2_grpc as spbg
 
@@ -36,27 +37,29 @@ class _Link:
     drop: list[spb.Replica] = field(default_factory=list)
     # One Apply at a time per node, in order: flush_node() waits behind it.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    tls: bool = False
 
 
 class NodeLinks:
-    def __init__(self, epoch: Callable[[], int]) -> None:
+    def __init__(self, epoch: Callable[[], int], security: DaemonSecurity | None = None) -> None:
         self._epoch = epoch
+        self._security = security or DaemonSecurity()
         self._links: dict[str, _Link] = {}
         self.deltas_sent = 0
         self.deltas_dropped = 0
         self._closing: set[asyncio.Future[None]] = set()
 
-    def set_node(self, node_id: str, address: str) -> None:
+    def set_node(self, node_id: str, address: str, tls: bool = False) -> None:
         link = self._links.get(node_id)
-        if link is not None and link.address == address:
+        if link is not None and link.address == address and link.tls == tls:
             return
         if link is not None:
             self._close_later(link)
         if not address:
             self._links.pop(node_id, None)
             return
-        channel = grpc.aio.insecure_channel(address)
-        self._links[node_id] = _Link(address, channel, spbg.StoreNodeStub(channel))
+        channel = self._security.channel(address, tls)
+        self._links[node_id] = _Link(address, channel, spbg.StoreNodeStub(channel), tls=tls)
 
     def drop_node(self, node_id: str) -> None:
         link = self._links.pop(node_id, None)

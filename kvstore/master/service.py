@@ -26,6 +26,7 @@ from kvstore.master.core import Location, MasterCore, ObjectInfo, SegmentStats
 from kvstore.master.core.config import live_settings
 from kvstore.master.metrics import MasterMetrics, counters
 from kvstore.rpc.methods import METHODS
+from kvstore.security.access import OPEN, Authenticator, Principal, Role
 from kvstore.v1 import common_pb2 as cpb
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
@@ -93,10 +94,15 @@ class MasterService(pbg.MasterServicer):
         core: MasterCore,
         leadership: Leadership,
         metrics: MasterMetrics,
+        auth: Authenticator | None = None,
     ) -> None:
         self.core = core
         self.leadership = leadership
         self.metrics = metrics
+        self.auth = auth or Authenticator(None)
+        # The caller of the call being handled. Bodies run one at a time on the event
+        # loop thread, so a plain attribute is enough; handle() sets it for each call.
+        self._caller: Principal = OPEN
         bodies: dict[str, Body] = {
             "PutStart": self.put_start,
             "PutEnd": self.put_end,
@@ -118,6 +124,7 @@ class MasterService(pbg.MasterServicer):
             "SetDraining": self.set_draining,
             "Drain": self.drain,
             "GetConfig": self.get_config,
+            "Authenticate": self.authenticate,
         }
         missing = sorted(set(METHODS) - set(bodies))
         if missing:
@@ -130,13 +137,20 @@ class MasterService(pbg.MasterServicer):
 
     # -- the one entry point of both transports ----------------------------------------
 
-    def handle(self, method: str, request: Any) -> Any:
-        """Run one RPC: leadership check, body, epoch stamp, error mapping, metrics."""
+    def handle(self, method: str, request: Any, caller: Principal | KVStoreError = OPEN) -> Any:
+        """Run one RPC: who calls (a principal, or why the caller was refused), role
+        check, leadership check, body, epoch stamp, error mapping, metrics."""
         body, response, latency = self._routes[method]
         t0 = time.perf_counter()
         leadership = self.leadership
         epoch = leadership.epoch
         try:
+            if isinstance(caller, KVStoreError):
+                if method != "Authenticate":  # it checks the token in its request
+                    raise caller
+            elif caller is not OPEN:
+                caller.check(method)
+                self._caller = caller
             if not leadership.is_leader:
                 raise NotLeader(
                     "this master is a standby; the leader is at "
@@ -155,8 +169,31 @@ class MasterService(pbg.MasterServicer):
                 message=f"the master failed to handle {method} ({type(exc).__name__}: {exc}); "
                         "see its log"), epoch=epoch)
             self.metrics.rpc_errors.labels(method, Code.INTERNAL.name).inc()
+        self._caller = OPEN
         latency.observe(time.perf_counter() - t0)
         return reply
+
+    def _keys(self, keys: Iterable[bytes]) -> list[bytes]:
+        """The caller's keys as the core stores them: a client's under its tenant."""
+        prefix = self._caller.prefix
+        if not prefix:
+            return list(keys)
+        return [prefix + k for k in keys]
+
+    def _owner(self) -> str | None:
+        """Whose leases the caller may use: a client only its tenant's; others any."""
+        return self._caller.tenant if self._caller.role is Role.CLIENT else None
+
+    def caller_of(self, metadata: Any) -> Principal | KVStoreError:
+        """The principal of a gRPC call, or the error that refuses it."""
+        try:
+            return self.auth.from_metadata(metadata)
+        except KVStoreError as exc:
+            return exc
+
+    def authenticate(self, request: pb.AuthenticateRequest) -> pb.AuthenticateResponse:
+        p = self.auth.principal(request.token)
+        return pb.AuthenticateResponse(name=p.name, role=p.role.value, tenant=p.tenant)
 
     def _ttl(self, expires_at: float) -> float:
         return max(0.0, expires_at - self.core.clock.now()) if expires_at else 0.0
@@ -165,7 +202,7 @@ class MasterService(pbg.MasterServicer):
 
     def put_start(self, request: pb.PutStartRequest) -> pb.PutStartResponse:
         results = self.core.put_start(
-            list(request.keys), list(request.sizes), list(request.checksums),
+            self._keys(request.keys), list(request.sizes), list(request.checksums),
             replicas=request.replicas or None, writer=request.writer,
         )
         reply = pb.PutStartResponse()
@@ -184,27 +221,29 @@ class MasterService(pbg.MasterServicer):
         return pb.CodesResponse(codes=[int(c) for c in codes])  # type: ignore[misc]
 
     def put_end(self, request: pb.KeysRequest) -> pb.CodesResponse:
-        return self._codes(self.core.put_end(list(request.keys), request.writer))
+        return self._codes(self.core.put_end(self._keys(request.keys), request.writer))
 
     def put_revoke(self, request: pb.KeysRequest) -> pb.CodesResponse:
-        return self._codes(self.core.put_revoke(list(request.keys), request.writer))
+        return self._codes(self.core.put_revoke(self._keys(request.keys), request.writer))
 
     def remove(self, request: pb.RemoveRequest) -> pb.CodesResponse:
-        return self._codes(self.core.remove(list(request.keys), force=request.force))
+        return self._codes(self.core.remove(self._keys(request.keys), force=request.force))
 
     # -- reads ----------------------------------------------------------------------
 
     def exists(self, request: pb.KeysRequest) -> pb.ExistsResponse:
-        return pb.ExistsResponse(exists=self.core.exists(list(request.keys)))
+        return pb.ExistsResponse(exists=self.core.exists(self._keys(request.keys)))
 
     def lookup(self, request: pb.LookupRequest) -> pb.LookupResponse:
-        r = self.core.lookup(list(request.keys), request.lease_ttl or None, request.holder)
+        r = self.core.lookup(self._keys(request.keys), request.lease_ttl or None, request.holder,
+                             self._caller.tenant)
         return pb.LookupResponse(count=r.count, lease_id=r.lease_id,
                                  ttl_remaining=self._ttl(r.expires_at))
 
     def get_replicas(self, request: pb.GetReplicasRequest) -> pb.GetReplicasResponse:
-        r = self.core.get_replicas(list(request.keys), request.lease_id or None,
-                                   request.lease_ttl or None, request.holder)
+        r = self.core.get_replicas(self._keys(request.keys), request.lease_id or None,
+                                   request.lease_ttl or None, request.holder,
+                                   self._owner() if request.lease_id else self._caller.tenant)
         reply = pb.GetReplicasResponse(lease_id=r.lease_id, ttl_remaining=self._ttl(r.expires_at))
         add = reply.items.add
         for i in r.results:
@@ -217,12 +256,12 @@ class MasterService(pbg.MasterServicer):
         return reply
 
     def renew_lease(self, request: pb.RenewLeaseRequest) -> pb.LeaseResponse:
-        expires_at = self.core.renew_lease(request.lease_id, request.ttl or None)
+        expires_at = self.core.renew_lease(request.lease_id, request.ttl or None, self._owner())
         return pb.LeaseResponse(ttl_remaining=self._ttl(expires_at))
 
     def release_lease(self, request: pb.ReleaseLeaseRequest) -> pb.LeaseResponse:
         keep = request.keep_first_n if request.HasField("keep_first_n") else None
-        self.core.release_lease(request.lease_id, keep)
+        self.core.release_lease(request.lease_id, keep, self._owner())
         return pb.LeaseResponse()
 
     # -- membership and status ------------------------------------------------------
@@ -348,71 +387,75 @@ class MasterService(pbg.MasterServicer):
     # -- the gRPC servicer: the public contract, same handlers -------------------------
 
     async def PutStart(self, request: pb.PutStartRequest, context: Any) -> pb.PutStartResponse:
-        return self.handle("PutStart", request)
+        return self.handle("PutStart", request, self.caller_of(context.invocation_metadata()))
 
     async def PutEnd(self, request: pb.KeysRequest, context: Any) -> pb.CodesResponse:
-        return self.handle("PutEnd", request)
+        return self.handle("PutEnd", request, self.caller_of(context.invocation_metadata()))
 
     async def PutRevoke(self, request: pb.KeysRequest, context: Any) -> pb.CodesResponse:
-        return self.handle("PutRevoke", request)
+        return self.handle("PutRevoke", request, self.caller_of(context.invocation_metadata()))
 
     async def Remove(self, request: pb.RemoveRequest, context: Any) -> pb.CodesResponse:
-        return self.handle("Remove", request)
+        return self.handle("Remove", request, self.caller_of(context.invocation_metadata()))
 
     async def Exists(self, request: pb.KeysRequest, context: Any) -> pb.ExistsResponse:
-        return self.handle("Exists", request)
+        return self.handle("Exists", request, self.caller_of(context.invocation_metadata()))
 
     async def Lookup(self, request: pb.LookupRequest, context: Any) -> pb.LookupResponse:
-        return self.handle("Lookup", request)
+        return self.handle("Lookup", request, self.caller_of(context.invocation_metadata()))
 
     async def GetReplicas(self, request: pb.GetReplicasRequest,
                           context: Any) -> pb.GetReplicasResponse:
-        return self.handle("GetReplicas", request)
+        return self.handle("GetReplicas", request, self.caller_of(context.invocation_metadata()))
 
     async def RenewLease(self, request: pb.RenewLeaseRequest, context: Any) -> pb.LeaseResponse:
-        return self.handle("RenewLease", request)
+        return self.handle("RenewLease", request, self.caller_of(context.invocation_metadata()))
 
     async def ReleaseLease(self, request: pb.ReleaseLeaseRequest,
                            context: Any) -> pb.LeaseResponse:
-        return self.handle("ReleaseLease", request)
+        return self.handle("ReleaseLease", request, self.caller_of(context.invocation_metadata()))
 
     async def MountSegment(self, request: pb.MountSegmentRequest,
                            context: Any) -> pb.MountSegmentResponse:
-        return self.handle("MountSegment", request)
+        return self.handle("MountSegment", request, self.caller_of(context.invocation_metadata()))
 
     async def UnmountSegment(self, request: pb.UnmountSegmentRequest,
                              context: Any) -> pb.MountSegmentResponse:
-        return self.handle("UnmountSegment", request)
+        return self.handle("UnmountSegment", request, self.caller_of(context.invocation_metadata()))
 
     async def ClusterStatus(self, request: pb.ClusterStatusRequest,
                             context: Any) -> pb.ClusterStatusResponse:
-        return self.handle("ClusterStatus", request)
+        return self.handle("ClusterStatus", request, self.caller_of(context.invocation_metadata()))
 
     async def NodeList(self, request: pb.NodeListRequest, context: Any) -> pb.NodeListResponse:
-        return self.handle("NodeList", request)
+        return self.handle("NodeList", request, self.caller_of(context.invocation_metadata()))
 
     async def ListKeys(self, request: pb.ListKeysRequest, context: Any) -> pb.ListKeysResponse:
-        return self.handle("ListKeys", request)
+        return self.handle("ListKeys", request, self.caller_of(context.invocation_metadata()))
 
     async def Inspect(self, request: pb.KeysRequest, context: Any) -> pb.InspectResponse:
-        return self.handle("Inspect", request)
+        return self.handle("Inspect", request, self.caller_of(context.invocation_metadata()))
 
     async def EvictionStats(self, request: pb.EvictionStatsRequest,
                             context: Any) -> pb.EvictionStatsResponse:
-        return self.handle("EvictionStats", request)
+        return self.handle("EvictionStats", request, self.caller_of(context.invocation_metadata()))
 
     async def Evict(self, request: pb.EvictRequest, context: Any) -> pb.EvictResponse:
-        return self.handle("Evict", request)
+        return self.handle("Evict", request, self.caller_of(context.invocation_metadata()))
 
     async def SetDraining(self, request: pb.SetDrainingRequest,
                           context: Any) -> pb.SetDrainingResponse:
-        return self.handle("SetDraining", request)
+        return self.handle("SetDraining", request, self.caller_of(context.invocation_metadata()))
 
     async def Drain(self, request: pb.DrainRequest, context: Any) -> pb.DrainResponse:
-        return self.handle("Drain", request)
+        return self.handle("Drain", request, self.caller_of(context.invocation_metadata()))
 
     async def GetConfig(self, request: pb.GetConfigRequest, context: Any) -> pb.GetConfigResponse:
-        return self.handle("GetConfig", request)
+        return self.handle("GetConfig", request, self.caller_of(context.invocation_metadata()))
+
+    async def Authenticate(self, request: pb.AuthenticateRequest,
+                           context: Any) -> pb.AuthenticateResponse:
+        return self.handle("Authenticate", request, self.caller_of(context.invocation_metadata()))
 
 
 def add_to_server(service: MasterService, server: grpc.aio.Server) -> None:

@@ -4,12 +4,14 @@ Each call takes a fresh request id, writes its frame and waits on a future kept 
 connection's `pending` table; replies may come back in any order and complete the
 future with their id. A call that times out gives up its future (a late reply is
 dropped); a lost connection fails every pending call with ConnectionError, and the next
-call connects again.
+call connects again. TLS and the token work as in the blocking client (kvstore.rpc.client):
+a new connection authenticates, and waits for the answer, before any call uses it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 from typing import cast
 
 from google.protobuf.message import Message
@@ -26,6 +28,7 @@ from kvstore.rpc.framing import (
 )
 from kvstore.rpc.methods import METHODS
 from kvstore.v1 import common_pb2 as cpb
+from kvstore.v1 import master_pb2 as pb
 
 Reply = tuple[int, bytes]  # (tag, payload)
 
@@ -69,13 +72,17 @@ class AsyncFastChannel:
     """An asyncio connection to one master's fast port, shared by concurrent calls."""
 
     def __init__(self, address: str, *, max_frame: int = MAX_FRAME,
-                 connect_timeout: float = 2.0) -> None:
+                 connect_timeout: float = 2.0, tls: ssl.SSLContext | None = None,
+                 server_hostname: str = "", token: str = "") -> None:
         self.address = address
+        self.tls = tls
+        self.token = token
         self.max_frame = max_frame
         self.connect_timeout = connect_timeout  # at most; a call's own timeout may be less
         self.connects = 0
         self.connect_failures = 0  # attempts that failed since the last connection opened
         self._host, self._port = split_address(address)
+        self._server_hostname = server_hostname or self._host
         self._conn: _Connection | None = None
         self._connecting: asyncio.Lock | None = None
         self._next_id = 0
@@ -106,11 +113,25 @@ class AsyncFastChannel:
             loop = asyncio.get_running_loop()
             try:
                 _, fresh = await asyncio.wait_for(loop.create_connection(
-                    lambda: _Connection(self.address, self.max_frame), self._host, self._port),
+                    lambda: _Connection(self.address, self.max_frame), self._host, self._port,
+                    ssl=self.tls, server_hostname=self._server_hostname if self.tls else None),
                     min(timeout, self.connect_timeout))
-            except OSError:  # TimeoutError included
+            except (OSError, ssl.SSLError):  # TimeoutError included
                 self.connect_failures += 1
                 raise
+            if self.token:
+                try:
+                    reply = await self._exchange(fresh, "Authenticate",
+                                                 pb.AuthenticateRequest(token=self.token), timeout)
+                except BaseException:
+                    if fresh.transport is not None:
+                        fresh.transport.close()
+                    self.connect_failures += 1
+                    raise
+                if reply.error.code:  # type: ignore[attr-defined]
+                    if fresh.transport is not None:
+                        fresh.transport.close()
+                    raise error_for(reply.error.code, reply.error.message)  # type: ignore[attr-defined]
             self._conn = fresh
             self.connects += 1
             self.connect_failures = 0
@@ -118,9 +139,12 @@ class AsyncFastChannel:
 
     async def call(self, method: str, request: Message, timeout: float) -> Message:
         """Like FastChannel.call; other calls proceed on the same connection meanwhile."""
+        return await self._exchange(await self._connection(timeout), method, request, timeout)
+
+    async def _exchange(self, conn: _Connection, method: str, request: Message,
+                        timeout: float) -> Message:
         spec = METHODS[method]
         payload = request.SerializeToString()
-        conn = await self._connection(timeout)
         transport = conn.transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError(f"the connection to {self.address} was lost")

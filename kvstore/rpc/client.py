@@ -9,11 +9,17 @@ the channel closes: a get costs one wake-up of the master, not two.
 Any failure of the connection (refused, reset, closed, timed out) closes the socket and
 raises OSError; the next call connects again. What to do about it (retry, look up the
 leader again) is the caller's business.
+
+With `tls`, the socket is wrapped (and the master's certificate checked) as it connects;
+with `token`, the first frame on every new connection is `Authenticate`, answered before
+any other request is sent, so a refused token fails the call that connected, with the
+master's sentence.
 """
 
 from __future__ import annotations
 
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +38,7 @@ from kvstore.rpc.framing import (
 )
 from kvstore.rpc.methods import METHODS
 from kvstore.v1 import common_pb2 as cpb
+from kvstore.v1 import master_pb2 as pb
 
 _RECV = 1 << 16
 _MORE = getattr(socket, "MSG_MORE", 0)  # elsewhere than Linux: sent at once
@@ -45,15 +52,20 @@ class FastChannel:
     """A blocking connection to one master's fast port. Not thread-safe."""
 
     def __init__(self, address: str, *, max_frame: int = MAX_FRAME,
-                 connect_timeout: float = 2.0) -> None:
+                 connect_timeout: float = 2.0, tls: ssl.SSLContext | None = None,
+                 server_hostname: str = "", token: str = "") -> None:
         self.address = address
+        self.tls = tls
+        self.token = token
         self.max_frame = max_frame
         self.connect_timeout = connect_timeout  # at most; a call's own timeout may be less
         self.connects = 0  # connections opened so far
         self.connect_failures = 0  # attempts that failed since the last connection opened
         self._host, self._port = split_address(address)
+        self._server_hostname = server_hostname or self._host
         self._sock: socket.socket | None = None
         self._next_id = 0
+        self._send_flags = 0 if tls else _MORE  # SSL sockets take no send flags
 
     @property
     def connected(self) -> bool:
@@ -77,10 +89,33 @@ class FastChannel:
                 self.connect_failures += 1
                 raise
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                if self.tls is not None:
+                    sock = self.tls.wrap_socket(sock, server_hostname=self._server_hostname)
+                if self.token:
+                    self._authenticate(sock, timeout)
+            except BaseException:
+                sock.close()
+                self.connect_failures += 1
+                raise
             self._sock = sock
             self.connects += 1
             self.connect_failures = 0
         return self._sock
+
+    def _authenticate(self, sock: socket.socket, timeout: float) -> None:
+        spec = METHODS["Authenticate"]
+        payload = pb.AuthenticateRequest(token=self.token).SerializeToString()
+        request_id = self._request_id()
+        sock.settimeout(timeout)
+        sock.sendall(HEADER.pack(len(payload), request_id, spec.id) + payload)
+        tag, body = self._reply(sock, request_id, time.monotonic() + timeout)
+        if tag != REPLY_OK:
+            error = cpb.Error.FromString(body)
+            raise error_for(error.code, error.message)
+        reply = pb.AuthenticateResponse.FromString(body)
+        if reply.error.code:
+            raise error_for(reply.error.code, reply.error.message)
 
     def call(self, method: str, request: Message, timeout: float) -> Message:
         """Send `request` to `method` and return its reply message.
@@ -112,7 +147,7 @@ class FastChannel:
         try:
             sock = self._connection(timeout)
             sock.settimeout(timeout)
-            sock.sendall(HEADER.pack(len(payload), ONE_WAY, spec.id) + payload, _MORE)
+            sock.sendall(HEADER.pack(len(payload), ONE_WAY, spec.id) + payload, self._send_flags)
         except OSError:
             self.close()
             return False

@@ -7,6 +7,11 @@ requests of one chunk go out in one write, so a client that pipelines requests c
 one send per chunk. A peer that sends an oversized frame is disconnected; nothing a peer
 sends can stop the master. When the peer does not read its replies, the connection
 stops reading requests until the kernel buffers drain.
+
+When the master requires tokens, a connection starts unauthenticated: every call but
+`Authenticate` is refused until one succeeds, and then the connection carries that
+token's principal (tenant, role) for the rest of its life. With TLS, the asyncio
+transport does the handshake before the first byte reaches `data_received`.
 """
 
 from __future__ import annotations
@@ -14,12 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Any, cast
 
 from google.protobuf.message import DecodeError, Message
 
-from kvstore.errors import Code
+from kvstore.errors import Code, KVStoreError, Unauthenticated
 from kvstore.rpc.framing import (
     HEADER,
     MAX_FRAME,
@@ -32,11 +38,17 @@ from kvstore.rpc.framing import (
     split_address,
 )
 from kvstore.rpc.methods import BY_ID, Method
+from kvstore.security.access import OPEN, Principal
 from kvstore.v1 import common_pb2 as cpb
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[str, Message], Message]
+Handler = Callable[[str, Message, "Principal | KVStoreError"], Message]
+Authenticate = Callable[[str], Principal]  # token -> principal, or raises Unauthenticated
+
+_NOT_YET = Unauthenticated(
+    "this master requires a token: the connection must call Authenticate first (the "
+    "client library does so when given token= or KVSTORE_TOKEN)")
 
 
 def _error_frame(request_id: int, code: Code, message: str) -> bytes:
@@ -45,7 +57,7 @@ def _error_frame(request_id: int, code: Code, message: str) -> bytes:
 
 
 class _Connection(asyncio.Protocol):
-    __slots__ = ("_decoder", "_handle", "_server", "_transport", "peer")
+    __slots__ = ("_decoder", "_handle", "_server", "_transport", "caller", "peer")
 
     def __init__(self, server: FastServer) -> None:
         self._server = server
@@ -53,6 +65,7 @@ class _Connection(asyncio.Protocol):
         self._decoder = FrameDecoder(server.max_frame)
         self._transport: asyncio.Transport | None = None
         self.peer = "?"
+        self.caller: Principal | KVStoreError = OPEN if server.authenticate is None else _NOT_YET
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
@@ -108,7 +121,11 @@ class _Connection(asyncio.Protocol):
                     f"{method.name}: the payload is not a {method.request.DESCRIPTOR.full_name}")
             else:
                 try:
-                    reply = self._handle(method.name, request).SerializeToString()
+                    answer = self._handle(method.name, request, self.caller)
+                    if method.name == "Authenticate" and not answer.error.code:  # type: ignore[attr-defined]
+                        assert self._server.authenticate is not None
+                        self.caller = self._server.authenticate(request.token)  # type: ignore[attr-defined]
+                    reply = answer.SerializeToString()
                 except Exception:  # handle() maps every error; a bug must not kill the loop
                     log.exception("fast channel: %s failed", method.name)
                     code, message = Code.INTERNAL, f"the master failed to handle {method.name}"
@@ -124,8 +141,12 @@ class _Connection(asyncio.Protocol):
 class FastServer:
     """Serves `handle` on a TCP port until `close`."""
 
-    def __init__(self, handle: Handler, *, max_frame: int = MAX_FRAME) -> None:
+    def __init__(self, handle: Handler, *, max_frame: int = MAX_FRAME,
+                 authenticate: Authenticate | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.handle = handle
+        self.authenticate = authenticate  # None: no tokens, every connection is OPEN
+        self.tls = tls
         self.max_frame = max_frame
         self.address = ""
         self.accepted = 0  # connections accepted since start
@@ -141,11 +162,17 @@ class FastServer:
         host, port = split_address(listen)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _Connection(self), host, port,
-                                                reuse_address=True)
+                                                reuse_address=True, ssl=self.tls,
+                                                ssl_handshake_timeout=5.0 if self.tls else None)
         sock: Any = self._server.sockets[0]
         bound_port = sock.getsockname()[1]
         self.address = join_address(host, bound_port)
         return self.address
+
+    def drop_connections(self) -> None:
+        """Close every open connection; clients reconnect (and authenticate again)."""
+        for conn in list(self._connections):
+            conn.close()
 
     async def close(self) -> None:
         if self._server is not None:

@@ -29,6 +29,7 @@ import grpc
 from kvstore.coord.etcd import Etcd
 from kvstore.coord.layout import Layout, MasterRecord, NodeRecord
 from kvstore.errors import InvalidArgument, KVStoreError
+from kvstore.security.daemons import DaemonSecurity
 from kvstore.store.inventory import Inventory
 from kvstore.store.segment import DramSegment, boot_id
 from kvstore.store.service import StoreNodeService
@@ -58,6 +59,7 @@ class StoreOptions:
     ssd_dir: str = ""  # no SSD tier unless set
     ssd: int = 0  # SSD tier cap in bytes on disk
     ssd_fsync: bool = True
+    security: DaemonSecurity | None = None
 
 
 class StoreDaemon:
@@ -76,6 +78,7 @@ class StoreDaemon:
         self.counters = TierCounters()
         self.server: grpc.aio.Server | None = None
         self.service_address = ""
+        self.security = opts.security or DaemonSecurity()
 
     def _record(self) -> NodeRecord:
         assert self.segment is not None and self.transfer is not None
@@ -86,12 +89,14 @@ class StoreDaemon:
             ssd_capacity=self.ssd.capacity_bytes if self.ssd is not None else 0,
             shm_path=self.segment.shm_path,
             shm_inode=os.fstat(self.segment.fd).st_ino, boot_id=boot_id(),
+            tls=self.security.tls,
         )
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
+        self.security.check_exposure(self.opts.listen or f"{self.opts.host}:0")
         await self.etcd.connect()
         if self.opts.ssd_dir:
             self._open_ssd()
@@ -133,13 +138,14 @@ class StoreDaemon:
     async def _serve(self) -> None:
         assert self.segment is not None
         self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
-                                               ("grpc.max_send_message_length", 256 << 20)])
+                                               ("grpc.max_send_message_length", 256 << 20)],
+                                      interceptors=self.security.node_interceptors())
         service = StoreNodeService(self.node_id, self.inventory, self.segment, self.ssd,
                                    self.counters)
         spbg.add_StoreNodeServicer_to_server(service, self.server)
         listen = self.opts.listen or f"{self.opts.host}:0"
         try:
-            port = self.server.add_insecure_port(listen)
+            port = self.security.add_port(self.server, listen)
         except RuntimeError as exc:
             raise InvalidArgument(f"cannot listen on {listen} ({exc}); pick a free --listen") from exc
         host = listen.rpartition(":")[0]
@@ -178,19 +184,19 @@ class StoreDaemon:
             if current is not None:
                 raw, epoch = current
                 if epoch != mounted_epoch:
-                    address = MasterRecord.decode(raw).address
-                    if await self._mount(address):
+                    master = MasterRecord.decode(raw)
+                    if await self._mount(master.address, master.tls):
                         mounted_epoch = epoch
             await asyncio.sleep(0.5 if mounted_epoch < 0 else 2.0)
 
-    async def _mount(self, address: str) -> bool:
+    async def _mount(self, address: str, tls: bool) -> bool:
         assert self.segment is not None and self.transfer is not None
         req = pb.MountSegmentRequest(
             node_id=self.node_id, segment=self.transfer.segment_name,
             base_addr=self.segment.base_addr, size=self.segment.size, tier="dram",
         )
         try:
-            async with grpc.aio.insecure_channel(address) as channel:
+            async with self.security.channel(address, tls) as channel:
                 reply = await pbg.MasterStub(channel).MountSegment(req, timeout=3.0)
         except grpc.aio.AioRpcError as exc:
             log.warning("mounting at master %s failed: %s", address, exc.code().name)
@@ -206,8 +212,8 @@ class StoreDaemon:
         with contextlib.suppress(Exception):
             current = await self.etcd.get(self.layout.leader)
             if current is not None:
-                address = MasterRecord.decode(current).address
-                async with grpc.aio.insecure_channel(address) as channel:
+                master = MasterRecord.decode(current)
+                async with self.security.channel(master.address, master.tls) as channel:
                     await pbg.MasterStub(channel).UnmountSegment(
                         pb.UnmountSegmentRequest(node_id=self.node_id), timeout=3.0)
         with contextlib.suppress(Exception):

@@ -20,6 +20,9 @@ class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NOT_LEADER: _ClassVar[Code]
     INTERNAL: _ClassVar[Code]
     BUSY: _ClassVar[Code]
+    UNAUTHENTICATED: _ClassVar[Code]
+    PERMISSION_DENIED: _ClassVar[Code]
+    QUOTA_EXCEEDED: _ClassVar[Code]
 OK: Code
 NOT_FOUND: Code
 ALREADY_EXISTS: Code
@@ -33,6 +36,9 @@ CORRUPT: Code
 NOT_LEADER: Code
 INTERNAL: Code
 BUSY: Code
+UNAUTHENTICATED: Code
+PERMISSION_DENIED: Code
+QUOTA_EXCEEDED: Code
 
 class Error(_message.Message):
     __slots__ = ("code", "message")

@@ -138,6 +138,11 @@ class MasterStub:
                 request_serializer=kvstore_dot_v1_dot_master__pb2.GetConfigRequest.SerializeToString,
                 response_deserializer=kvstore_dot_v1_dot_master__pb2.GetConfigResponse.FromString,
                 _registered_method=True)
+        self.Authenticate = channel.unary_unary(
+                '/kvstore.v1.Master/Authenticate',
+                request_serializer=kvstore_dot_v1_dot_master__pb2.AuthenticateRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_master__pb2.AuthenticateResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -269,6 +274,15 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Authenticate(self, request, context):
+        """Binds a fast-channel connection to the token's tenant and role (the first frame
+        on a connection when the master requires tokens); over gRPC the token travels in
+        the `authorization: Bearer <token>` metadata of every call instead.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -371,6 +385,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.GetConfig,
                     request_deserializer=kvstore_dot_v1_dot_master__pb2.GetConfigRequest.FromString,
                     response_serializer=kvstore_dot_v1_dot_master__pb2.GetConfigResponse.SerializeToString,
+            ),
+            'Authenticate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Authenticate,
+                    request_deserializer=kvstore_dot_v1_dot_master__pb2.AuthenticateRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_master__pb2.AuthenticateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -917,6 +936,33 @@ class Master:
             '/kvstore.v1.Master/GetConfig',
             kvstore_dot_v1_dot_master__pb2.GetConfigRequest.SerializeToString,
             kvstore_dot_v1_dot_master__pb2.GetConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Authenticate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.Master/Authenticate',
+            kvstore_dot_v1_dot_master__pb2.AuthenticateRequest.SerializeToString,
+            kvstore_dot_v1_dot_master__pb2.AuthenticateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -22,9 +22,10 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
-from kvstore.errors import KVStoreError, Unavailable
+from kvstore.errors import InvalidArgument, KVStoreError, Unavailable
 from kvstore_client import AsyncKVStoreClient
 from kvstore_vllm.settings import Settings
 
@@ -114,6 +115,15 @@ class StoreLink:
             self.mark_down(str(exc))
             raise
 
+    def _token(self) -> str | None:
+        path = self.settings.token_file
+        if not path:
+            return None
+        try:
+            return Path(path).read_text().strip()
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read the kvstore token_file {path}: {exc.strerror}") from exc
+
     async def _ensure_client(self) -> AsyncKVStoreClient:
         if self._client is None:
             s = self.settings
@@ -121,7 +131,8 @@ class StoreLink:
                 client = AsyncKVStoreClient(
                     etcd=s.etcd, master=s.master or None, cluster=s.cluster, timeout=s.timeout,
                     buffer_size=self._buffer_size, host=s.host, protocol=s.protocol,
-                    device=s.device, same_host=s.same_host)
+                    device=s.device, same_host=s.same_host, token=self._token(),
+                    tls_ca=s.tls_ca or None, tls_server_name=s.tls_server_name or None)
             except KVStoreError:
                 raise
             except Exception as exc:  # the Transfer Engine failed to load or start

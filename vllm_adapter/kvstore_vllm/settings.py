@@ -46,6 +46,12 @@ class Settings:
     log_timeline: bool = False
     # Registered staging memory for layouts whose pages are not contiguous.
     staging_bytes: int = 64 << 20
+    # Security: a file holding the client token (never the token itself: vLLM logs its
+    # config), the CA of the master's certificate, and the name to check it for. Unset:
+    # $KVSTORE_TOKEN / $KVSTORE_TLS_CA / the credentials file, as for any client.
+    token_file: str = ""
+    tls_ca: str = ""
+    tls_server_name: str = ""
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> Settings:

@@ -34,7 +34,7 @@ from .clock import Clock, MonotonicClock
 from .config import CoreConfig, same_structure
 from .eviction import LruList
 from .leases import LeaseTable
-from .objects import PENDING, SLOT_BITS, SLOT_MASK, ObjectTable, PendingWrite
+from .objects import PENDING, SLOT_BITS, SLOT_MASK, ObjectTable, PendingWrite, tenant_prefix
 from .placement import place
 from .results import (
     CoreStats,
@@ -160,6 +160,8 @@ class MasterCore:
         # SSD tier: per node, the LRU of SSD-only objects nobody pins; objects moving
         # between tiers (slot -> move); moves queued for the I/O layer to carry out.
         self._ssd_lru: dict[str, LruList] = {}
+        self._quotas: dict[bytes, int] = {}
+        self._quota_evictions = 0
         self._moves: dict[int, _Move] = {}
         self._move_queue: list[TierMove] = []
         self._demoting_space = 0  # DRAM bytes that in-flight demotions will free
@@ -349,7 +351,8 @@ class MasterCore:
             out.append(s is not None and pins[s] >= 0)
         return out
 
-    def lookup(self, keys: Sequence[bytes], lease_ttl: float | None = None, holder: str = "") -> LookupResult:
+    def lookup(self, keys: Sequence[bytes], lease_ttl: float | None = None, holder: str = "",
+               owner: str = "") -> LookupResult:
         """Pin the longest contiguous COMPLETE prefix of `keys` under a new lease.
 
         A key repeated inside the prefix is pinned once per position, so trimming the
@@ -370,7 +373,7 @@ class MasterCore:
                 hit(s)
         except TypeError:
             # An unhashable key (bytearray, list ...): retry with normalised keys.
-            return self.lookup(self._hashable(keys), lease_ttl, holder)
+            return self.lookup(self._hashable(keys), lease_ttl, holder, owner)
         count = len(slots)
         self._lookups += 1
         self._lookup_keys += len(keys)
@@ -384,26 +387,28 @@ class MasterCore:
             for s in slots:
                 if self._segments.by_id[t.where[s] >> OFFSET_BITS].tier != DRAM:
                     self._queue_promotion(s)
-        lease = self._leases.grant(holder, list(keys[:count]), tokens, ttl, now)
+        lease = self._leases.grant(holder, list(keys[:count]), tokens, ttl, now, owner)
         self._leases_granted += 1
         return LookupResult(count, lease.lease_id, lease.expires_at)
 
-    def renew_lease(self, lease_id: int, ttl: float | None = None) -> float:
-        """Extend a live lease to now + ttl; returns the new expires_at."""
-        return self._leases.renew(lease_id, self._ttl(ttl), self.clock.now())
+    def renew_lease(self, lease_id: int, ttl: float | None = None, owner: str | None = None) -> float:
+        """Extend a live lease to now + ttl; returns the new expires_at. With `owner`,
+        only that tenant's lease (the same holds for release_lease and get_replicas)."""
+        return self._leases.renew(lease_id, self._ttl(ttl), self.clock.now(), owner)
 
-    def release_lease(self, lease_id: int, keep_first_n: int | None = None) -> None:
+    def release_lease(self, lease_id: int, keep_first_n: int | None = None,
+                      owner: str | None = None) -> None:
         """Release the lease (None), or keep its first n pins and unpin the rest; a lease
         trimmed to 0 stays alive, empty, until released or expired."""
         if keep_first_n is not None and keep_first_n < 0:
             raise InvalidArgument(f"keep_first_n must be >= 0, got {keep_first_n}")
         now = self.clock.now()
         if keep_first_n is None:
-            lease = self._leases.release(lease_id, now)
+            lease = self._leases.release(lease_id, now, owner)
             self._unpin(lease.tokens)
             self._leases_released += 1
         else:
-            self._unpin(self._leases.trim(lease_id, keep_first_n, now))
+            self._unpin(self._leases.trim(lease_id, keep_first_n, now, owner))
 
     def get_replicas(
         self,
@@ -411,6 +416,7 @@ class MasterCore:
         lease_id: int | None = None,
         lease_ttl: float | None = None,
         holder: str = "",
+        owner: str | None = None,
     ) -> GetReplicasResult:
         """Where to read each key.
 
@@ -426,7 +432,7 @@ class MasterCore:
         t = self._objects
         results: list[ReadResult] = []
         if lease_id:
-            lease = self._leases.get(lease_id, now)
+            lease = self._leases.get(lease_id, now, owner)
             touched = t.touched
             read = self._read_result
             for key in keys:
@@ -461,7 +467,7 @@ class MasterCore:
             return GetReplicasResult(0, 0.0, results)
         index = t.index
         tokens = self._pin_slots([index[k] for k in found], now)
-        lease = self._leases.grant(holder, found, tokens, ttl, now)
+        lease = self._leases.grant(holder, found, tokens, ttl, now, owner or "")
         self._leases_granted += 1
         return GetReplicasResult(lease.lease_id, lease.expires_at, results)
 
@@ -1019,6 +1025,10 @@ class MasterCore:
             )
         if not self._dram:
             return self._put_failed("no_segment", self._no_segment_message(), Code.STORE_FULL)
+        if t.usage is not None:
+            refused = self._quota_room(key, size, now)
+            if refused is not None:
+                return refused
         if size > largest:
             return self._put_failed(
                 "too_large",
@@ -1437,6 +1447,82 @@ class MasterCore:
 
     def tier_counters(self) -> dict[str, int]:
         return dict(self._tier_counts)
+
+    # -- tenant quotas ------------------------------------------------------------
+
+    def set_quotas(self, quotas: dict[bytes, int]) -> None:
+        """Cap the bytes each tenant key prefix (b"team-a/") may hold, PENDING included.
+
+        A put over its tenant's quota first evicts that tenant's own least recently
+        used objects (never another tenant's); QUOTA_EXCEEDED when what is left of the
+        tenant's is pinned or PENDING. An empty mapping turns quotas off.
+        """
+        self._quotas = {p: q for p, q in quotas.items() if q > 0}
+        t = self._objects
+        if not self._quotas:
+            t.usage = None
+            return
+        usage = dict.fromkeys(self._quotas, 0)
+        for key, s in t.index.items():
+            p = tenant_prefix(key)
+            if p in usage:
+                usage[p] += t.size[s]
+        t.usage = usage
+
+    def tenant_usage(self) -> dict[bytes, tuple[int, int]]:
+        """Tenant prefix -> (bytes used, quota), for the tenants with a quota."""
+        usage = self._objects.usage or {}
+        return {p: (usage.get(p, 0), q) for p, q in self._quotas.items()}
+
+    def _quota_room(self, key: bytes, size: int, now: float) -> PutStartResult | None:
+        prefix = tenant_prefix(key)
+        quota = self._quotas.get(prefix)
+        usage = self._objects.usage
+        if not quota or usage is None:
+            return None
+        need = usage[prefix] + size - quota
+        if need <= 0:
+            return None
+        tenant = prefix[:-1].decode(errors="replace")
+        if size > quota:
+            return self._put_failed(
+                "quota", f"object of {size} bytes is larger than tenant {tenant}'s whole quota "
+                f"({quota} bytes)", Code.QUOTA_EXCEEDED)
+        if now >= self._hold_until:
+            self._evict_own(prefix, need)
+            need = usage[prefix] + size - quota
+            if need <= 0:
+                return None
+        return self._put_failed(
+            "quota", f"tenant {tenant} is at its quota: {usage[prefix]} of {quota} bytes held "
+            "by objects that are pinned or still being written; retry after readers release "
+            "their leases, or ask for a larger quota", Code.QUOTA_EXCEEDED)
+
+    def _evict_own(self, prefix: bytes, need: int) -> None:
+        """Evict the tenant's least recently used unpinned objects, DRAM first, then SSD,
+        until `need` bytes are free or none of its objects is left to evict."""
+        t = self._objects
+        key_of = t.key_of
+        victims: list[int] = []
+        freed = 0
+        for lru in (self._lru, *self._ssd_lru.values()):
+            nxt = lru.next
+            s = nxt[0]
+            while s > 0 and freed < need:
+                k = key_of[s]
+                if k is not None and k.startswith(prefix):
+                    victims.append(s)
+                    freed += t.size[s]
+                s = nxt[s]
+            if freed >= need:
+                break
+        for s in victims:
+            self._evicted_keys.append(key_of[s])  # type: ignore[arg-type]
+            self._evicted_size += t.size[s]
+            self._evictions += 1
+            self._evicted_bytes += t.size[s]
+            self._quota_evictions += 1
+            self._drop(s)
 
     # -- eviction policy (the order itself lives in eviction.LruList) --------------
 

@@ -22,7 +22,8 @@ _REMEMBER_EXPIRED = 65536
 
 
 class Lease:
-    __slots__ = ("_members", "expires_at", "granted_at", "holder", "keys", "lease_id", "tokens")
+    __slots__ = ("_members", "expires_at", "granted_at", "holder", "keys", "lease_id", "owner",
+                 "tokens")
 
     def __init__(
         self,
@@ -32,9 +33,11 @@ class Lease:
         tokens: list[int],
         granted_at: float,
         expires_at: float,
+        owner: str = "",
     ) -> None:
         self.lease_id = lease_id
         self.holder = holder
+        self.owner = owner  # the tenant that took it: only it may renew, read or release
         self.keys = keys  # pinned keys in lookup order, one entry per pin
         self.tokens = tokens  # the object token pinned for keys[i]
         self.granted_at = granted_at
@@ -64,17 +67,21 @@ class LeaseTable:
     def __len__(self) -> int:
         return len(self._leases)
 
-    def grant(self, holder: str, keys: list[bytes], tokens: list[int], ttl: float, now: float) -> Lease:
-        lease = Lease(self._next_id, holder, keys, tokens, now, now + ttl)
+    def grant(self, holder: str, keys: list[bytes], tokens: list[int], ttl: float, now: float,
+              owner: str = "") -> Lease:
+        lease = Lease(self._next_id, holder, keys, tokens, now, now + ttl, owner)
         self._next_id += 1
         self._leases[lease.lease_id] = lease
         heapq.heappush(self._heap, (lease.expires_at, lease.lease_id))
         self._compact()
         return lease
 
-    def get(self, lease_id: int, now: float) -> Lease:
-        """The live lease, or LeaseNotFound / LeaseExpired."""
+    def get(self, lease_id: int, now: float, owner: str | None = None) -> Lease:
+        """The live lease, or LeaseNotFound / LeaseExpired. With `owner`, another
+        tenant's lease is reported as unknown: ids are guessable, leases are not shared."""
         lease = self._leases.get(lease_id)
+        if lease is not None and owner is not None and lease.owner != owner:
+            lease = None
         if lease is None:
             if lease_id in self._expired_ids:
                 raise LeaseExpired(f"lease {lease_id} expired; its objects may be gone, look them up again")
@@ -89,22 +96,22 @@ class LeaseTable:
             )
         return lease
 
-    def renew(self, lease_id: int, ttl: float, now: float) -> float:
-        lease = self.get(lease_id, now)
+    def renew(self, lease_id: int, ttl: float, now: float, owner: str | None = None) -> float:
+        lease = self.get(lease_id, now, owner)
         lease.expires_at = now + ttl
         heapq.heappush(self._heap, (lease.expires_at, lease_id))
         self._compact()
         return lease.expires_at
 
-    def release(self, lease_id: int, now: float) -> Lease:
-        lease = self.get(lease_id, now)
+    def release(self, lease_id: int, now: float, owner: str | None = None) -> Lease:
+        lease = self.get(lease_id, now, owner)
         del self._leases[lease_id]
         self._compact()
         return lease
 
-    def trim(self, lease_id: int, keep: int, now: float) -> list[int]:
+    def trim(self, lease_id: int, keep: int, now: float, owner: str | None = None) -> list[int]:
         """Keep the first `keep` pins; return the tokens of the pins dropped."""
-        lease = self.get(lease_id, now)
+        lease = self.get(lease_id, now, owner)
         dropped = lease.tokens[keep:]
         del lease.tokens[keep:]
         del lease.keys[keep:]

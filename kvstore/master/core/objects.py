@@ -43,6 +43,12 @@ class PendingWrite:
         self.deadline = deadline
 
 
+def tenant_prefix(key: bytes) -> bytes:
+    """`b"team-a/"` for b"team-a/block-7": the master stores a tenant's keys this way."""
+    i = key.find(b"/")
+    return key[:i + 1] if i > 0 else b""
+
+
 class ObjectTable:
     __slots__ = (
         "_free_slots",
@@ -57,6 +63,7 @@ class ObjectTable:
         "size",
         "space",
         "touched",
+        "usage",
         "where",
     )
 
@@ -77,6 +84,9 @@ class ObjectTable:
         # oldest come first and reclaiming stops at the first one still in time.
         self.pending: dict[int, PendingWrite] = {}
         self._free_slots: list[int] = []
+        # Bytes per tenant key prefix (b"team-a/"), kept only for tenants with a quota;
+        # None when no tenant has one, so the common path pays nothing.
+        self.usage: dict[bytes, int] | None = None
 
     def __len__(self) -> int:
         return len(self.index)
@@ -123,12 +133,22 @@ class ObjectTable:
         if rest:
             self.extra[s] = tuple(rest)
         self.index[key] = s
+        usage = self.usage
+        if usage is not None:
+            p = tenant_prefix(key)
+            if p in usage:
+                usage[p] += size
         return s
 
     def free(self, s: int) -> None:
         key = self.key_of[s]
         assert key is not None
         del self.index[key]
+        usage = self.usage
+        if usage is not None:
+            p = tenant_prefix(key)
+            if p in usage:
+                usage[p] -= self.size[s]
         self.key_of[s] = None
         self.pins[s] = _FREE
         self.gen[s] = (self.gen[s] + 1) & _GEN_MASK

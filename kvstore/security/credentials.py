@@ -1,0 +1,90 @@
+"""What a client presents: its token and how it checks the master's certificate.
+
+Looked up in this order, first found wins, field by field:
+1. the arguments given to the client (`token=`, `tls_ca=`, ...);
+2. the environment: KVSTORE_TOKEN (KVSTORE_ADMIN_TOKEN for the admin CLI),
+   KVSTORE_TLS_CA, KVSTORE_TLS_CERT, KVSTORE_TLS_KEY, KVSTORE_TLS_SERVER_NAME;
+3. the credentials file: $KVSTORE_CREDENTIALS, else ~/.config/kvstore/credentials.json,
+   which `kvstore up` writes for its development cluster. It holds one entry per cluster,
+   named "ETCD/CLUSTER" (e.g. "127.0.0.1:2379/default"), so that credentials meant for one
+   cluster are never offered to another.
+Whether to use TLS at all is not a client setting: the master says so in its etcd record,
+so a client can never be talked into sending its token in the clear to a TLS master.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvstore.errors import InvalidArgument
+from kvstore.security.tls import ClientTls
+
+ENV = {
+    "token": "KVSTORE_TOKEN",
+    "tls_ca": "KVSTORE_TLS_CA",
+    "tls_cert": "KVSTORE_TLS_CERT",
+    "tls_key": "KVSTORE_TLS_KEY",
+    "tls_server_name": "KVSTORE_TLS_SERVER_NAME",
+}
+
+
+def credentials_path() -> Path:
+    explicit = os.environ.get("KVSTORE_CREDENTIALS")
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "kvstore" / "credentials.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    token: str = ""
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_server_name: str = ""
+
+    @property
+    def tls(self) -> ClientTls:
+        return ClientTls(self.tls_ca, self.tls_cert, self.tls_key, self.tls_server_name)
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+    @classmethod
+    def resolve(cls, *, cluster: str = "", role: str = "client", **given: str | None) -> Credentials:
+        """Arguments, then the environment, then the credentials file's entry for
+        `cluster` ("ETCD/CLUSTER", see above). `role` picks the entry's token: "client"
+        reads `token`, "admin" `admin_token`."""
+        unknown = set(given) - set(ENV)
+        if unknown:
+            raise TypeError(f"unknown credential fields {sorted(unknown)}")
+        entry = _read_file(credentials_path()).get(cluster) if cluster else None
+        stored: dict[str, Any] = entry if isinstance(entry, dict) else {}
+        out: dict[str, str] = {}
+        for name, env in ENV.items():
+            value = given.get(name)
+            if value is None:
+                value = os.environ.get("KVSTORE_ADMIN_TOKEN" if (name, role) == ("token", "admin")
+                                       else env)
+            if value is None:
+                key = "admin_token" if (name == "token" and role == "admin") else name
+                value = str(stored.get(key) or "")
+            out[name] = value
+        return cls(**out)
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        raw = path.read_text()
+    except OSError:
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise InvalidArgument(f"the credentials file {path} is not valid JSON ({exc}); fix or "
+                              "delete it") from exc
+    return data if isinstance(data, dict) else {}

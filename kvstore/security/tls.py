@@ -1,0 +1,80 @@
+"""TLS material for the control plane: gRPC credentials and ssl contexts from PEM files.
+
+A server needs a certificate and its key (and, for mutual TLS, the CA its clients'
+certificates are signed by). A client needs the CA that signed the server's certificate
+(or the system's roots) and, for mutual TLS, its own certificate and key.
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from kvstore.errors import InvalidArgument
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read the {what} {path}: {exc.strerror}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTls:
+    cert: str  # PEM certificate chain
+    key: str  # PEM private key
+    client_ca: str = ""  # set: require client certificates signed by this CA (mutual TLS)
+
+    def grpc_credentials(self) -> grpc.ServerCredentials:
+        pair = (_read(self.key, "TLS key"), _read(self.cert, "TLS certificate"))
+        if self.client_ca:
+            return grpc.ssl_server_credentials([pair], _read(self.client_ca, "client CA"), True)
+        return grpc.ssl_server_credentials([pair])
+
+    def ssl_context(self) -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            ctx.load_cert_chain(self.cert, self.key)
+            if self.client_ca:
+                ctx.load_verify_locations(self.client_ca)
+                ctx.verify_mode = ssl.CERT_REQUIRED
+        except (OSError, ssl.SSLError) as exc:
+            raise InvalidArgument(f"cannot load the TLS certificate {self.cert} / key "
+                                  f"{self.key}: {exc}") from exc
+        return ctx
+
+
+@dataclass(frozen=True, slots=True)
+class ClientTls:
+    ca: str = ""  # "": the system's trusted roots
+    cert: str = ""  # mutual TLS only
+    key: str = ""
+    server_name: str = ""  # check the server's certificate for this name, not the address's host
+
+    def grpc_credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            _read(self.ca, "TLS CA") if self.ca else None,
+            _read(self.key, "TLS key") if self.key else None,
+            _read(self.cert, "TLS certificate") if self.cert else None,
+        )
+
+    def grpc_options(self) -> list[tuple[str, str]]:
+        return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
+
+    def ssl_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=self.ca or None)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            if self.cert:
+                ctx.load_cert_chain(self.cert, self.key or None)
+        except (OSError, ssl.SSLError) as exc:
+            raise InvalidArgument(f"cannot load the client certificate {self.cert}: {exc}") from exc
+        return ctx
+
+    def hostname(self, host: str) -> str:
+        return self.server_name or host
