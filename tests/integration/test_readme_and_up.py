@@ -1,8 +1,11 @@
-"""`kvstore up` brings up a cluster on the default ports and the README example runs
-against it as pasted; SIGTERM stops everything."""
+"""`kvstore up` brings up a cluster on the default ports, secure by default (TLS and
+tokens), and the README example runs against it as pasted, finding its credentials the
+way a user's would; SIGTERM stops everything."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import signal
 import subprocess
@@ -27,34 +30,53 @@ def readme_example() -> str:
     return str(blocks[0])
 
 
-def wait_for_node(timeout: float = 40.0) -> None:
+def wait_for_node(creds_file: Path, timeout: float = 40.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            with grpc.insecure_channel("127.0.0.1:50051") as ch:
-                st = pbg.MasterStub(ch).ClusterStatus(pb.ClusterStatusRequest(), timeout=2)
+            creds = json.loads(creds_file.read_text())["127.0.0.1:2379/default"]
+            ca = Path(creds["tls_ca"]).read_bytes()
+            with grpc.secure_channel("127.0.0.1:50051", grpc.ssl_channel_credentials(ca)) as ch:
+                st = pbg.MasterStub(ch).ClusterStatus(
+                    pb.ClusterStatusRequest(), timeout=2,
+                    metadata=[("authorization", f"Bearer {creds['admin_token']}")])
             if len(st.nodes) == 1:
                 return
-        except grpc.RpcError:
+        except (grpc.RpcError, OSError, ValueError, KeyError):
             pass
         time.sleep(0.2)
     raise AssertionError("kvstore up did not mount its store node in time")
 
 
+def plaintext_refused() -> bool:
+    """A client speaking plaintext gRPC to the dev master gets nowhere."""
+    with grpc.insecure_channel("127.0.0.1:50051") as ch:
+        try:
+            pbg.MasterStub(ch).ClusterStatus(pb.ClusterStatusRequest(), timeout=2)
+        except grpc.RpcError:
+            return True
+    return False
+
+
 def test_up_then_readme_example(tmp_path: Path) -> None:
     require_private_netns()  # the default ports are then ours alone
     assert port_is_free(2379) and port_is_free(50051)
+    creds_file = tmp_path / "credentials.json"  # not the user's ~/.config
+    env = {**os.environ, "KVSTORE_CREDENTIALS": str(creds_file)}
+    for name in ("KVSTORE_TOKEN", "KVSTORE_TLS_CA", "KVSTORE_ADMIN_TOKEN"):
+        env.pop(name, None)
     up = subprocess.Popen(
         [sys.executable, "-m", "kvstore", "up", "--data-dir", str(tmp_path / "data"),
          "--dram", "64MiB"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )
     try:
-        wait_for_node()
+        wait_for_node(creds_file)
+        assert plaintext_refused()
         example = tmp_path / "example.py"
         example.write_text(readme_example())
         run = subprocess.run([sys.executable, str(example)], capture_output=True, text=True,
-                             timeout=60)
+                             timeout=60, env=env)
         assert run.returncode == 0, run.stderr
         lines = run.stdout.splitlines()
         assert lines == ["[True, False]", "[b'1', b'2', None]", "None"], run.stdout
@@ -63,5 +85,6 @@ def test_up_then_readme_example(tmp_path: Path) -> None:
         out, _ = up.communicate(timeout=30)
     assert up.returncode == 0, out
     assert "etcd        127.0.0.1:2379" in out
+    assert "TLS + tokens" in out
     # everything it started is gone: the default ports are free again
     assert port_is_free(2379) and port_is_free(50051)
