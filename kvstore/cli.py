@@ -84,6 +84,28 @@ def cmd_up(args: argparse.Namespace) -> int:
                             secure=not args.insecure))
 
 
+def cmd_token_new(args: argparse.Namespace) -> int:
+    """Print a fresh token, and the access-file entry that admits it (its hash only)."""
+    import json
+
+    from kvstore.security.access import AccessList, new_token, token_hash
+
+    entry: dict[str, str] = {"name": args.name, "role": args.role}
+    if args.role == "client":
+        entry["tenant"] = args.tenant
+    elif args.tenant:
+        print("kvstore: only client tokens belong to a tenant", file=sys.stderr)
+        return 2
+    token = new_token()
+    entry["sha256"] = token_hash(token)
+    # Validate the entry the way the daemons will read it.
+    AccessList.parse({"tenants": {args.tenant: {}} if args.tenant else {}, "tokens": [entry]})
+    print(f"token (give it to the {args.role}; it is not stored anywhere): {token}")
+    print("access-file entry (add it under \"tokens\", then SIGHUP the master):")
+    print(json.dumps(entry))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """`kvstore bench NAME ARGS...` is `python -m bench.NAME ARGS...` run from the source tree."""
     import os
@@ -183,6 +205,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     # status, nodes, capacity, evictions, keys, inspect, evict, drain, config
     admin.register(sub)
+
+    t = sub.add_parser("token", help="make tokens for the access file (--auth-file)")
+    tsub = t.add_subparsers(dest="token_command", required=True)
+    tn = tsub.add_parser("new", help="print a new token and its access-file entry")
+    tn.add_argument("--name", required=True, help="who holds it (shown in logs and refusals)")
+    tn.add_argument("--role", required=True, choices=["client", "node", "admin"])
+    tn.add_argument("--tenant", default="", help="the tenant of a client token")
+    tn.set_defaults(func=cmd_token_new)
 
     b = sub.add_parser("bench", help="run a benchmark: python -m bench.NAME ARGS (e.g. replay)")
     b.add_argument("name", help="module under bench/: replay, vs_mooncake, master_ops, ...")

@@ -4,6 +4,11 @@ Everything else in kvstore uses this small facade, so the etcd client library
 (etcd3aio today) can be replaced by touching one file. It offers only what the
 cluster needs: plain keys, prefix reads, leases with a keepalive task, a create-if-absent
 transaction (the basis of leader election) and a prefix watch.
+
+TLS to etcd is set per process by the environment, so that every daemon, client and
+admin command of a deployment picks it up the same way: KVSTORE_ETCD_CA (the CA of etcd's
+certificate; setting it turns TLS on), and for etcd's --client-cert-auth also
+KVSTORE_ETCD_CERT and KVSTORE_ETCD_KEY.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +38,35 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def etcd_tls() -> dict[str, bytes]:
+    """etcd3aio's TLS arguments from the environment (see the module doc); {} for none."""
+    paths = {"ca_cert": os.environ.get("KVSTORE_ETCD_CA", ""),
+             "cert_chain": os.environ.get("KVSTORE_ETCD_CERT", ""),
+             "cert_key": os.environ.get("KVSTORE_ETCD_KEY", "")}
+    if not paths["ca_cert"]:
+        if paths["cert_chain"] or paths["cert_key"]:
+            raise InvalidArgument("KVSTORE_ETCD_CERT/KVSTORE_ETCD_KEY need KVSTORE_ETCD_CA "
+                                  "(the CA of etcd's certificate)")
+        return {}
+    out = {}
+    for name, path in paths.items():
+        if path:
+            try:
+                with open(path, "rb") as f:
+                    out[name] = f.read()
+            except OSError as exc:
+                raise InvalidArgument(f"cannot read {path} for etcd TLS: {exc.strerror}") from exc
+    return out
+
+
+def _sync_channel(endpoint: str) -> grpc.Channel:
+    tls = etcd_tls()
+    if not tls:
+        return grpc.insecure_channel(endpoint)
+    creds = grpc.ssl_channel_credentials(tls["ca_cert"], tls.get("cert_key"), tls.get("cert_chain"))
+    return grpc.secure_channel(endpoint, creds)
+
+
 @dataclass(frozen=True, slots=True)
 class WatchEvent:
     kind: str  # "put" | "delete"
@@ -47,7 +82,9 @@ class Etcd:
         parse_endpoint(endpoint)
         self.endpoint = endpoint
         self.timeout = timeout
-        self._client = Etcd3Client([endpoint], rpc_max_attempts=2)
+        tls = etcd_tls()
+        self._client = Etcd3Client([endpoint], rpc_max_attempts=2, ca_cert=tls.get("ca_cert"),
+                                   cert_key=tls.get("cert_key"), cert_chain=tls.get("cert_chain"))
         self._connected = False
 
     async def __aenter__(self) -> Etcd:
@@ -205,7 +242,7 @@ def _range_sync(endpoint: str, key: bytes, range_end: bytes, timeout: float) -> 
     from etcd3aio._protobuf import KVStub, RangeRequest
 
     parse_endpoint(endpoint)
-    with grpc.insecure_channel(endpoint) as channel:
+    with _sync_channel(endpoint) as channel:
         try:
             return KVStub(channel).Range(RangeRequest(key=key, range_end=range_end),
                                          timeout=timeout)
@@ -242,7 +279,7 @@ def write_keys_sync(endpoint: str, puts: dict[bytes, bytes], deletes: Sequence[b
     parse_endpoint(endpoint)
     ops = [RequestOp(request_put=PutRequest(key=k, value=v)) for k, v in puts.items()]
     ops += [RequestOp(request_delete_range=DeleteRangeRequest(key=k)) for k in deletes]
-    with grpc.insecure_channel(endpoint) as channel:
+    with _sync_channel(endpoint) as channel:
         try:
             resp = KVStub(channel).Txn(TxnRequest(success=ops), timeout=timeout)
         except grpc.RpcError as exc:

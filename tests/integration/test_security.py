@@ -252,3 +252,38 @@ def test_daemons_refuse_to_listen_in_the_open(cluster_factory: Cluster) -> None:
          "--listen", "0.0.0.0:0"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2
     assert "refusing to listen on 0.0.0.0:0 without TLS" in run.stderr
+
+
+def test_etcd_over_tls_with_client_certificates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvstore.coord.etcd import read_key_sync
+    from kvstore.coord.layout import Layout
+    from kvstore.devcluster import etcd_command, free_port, wait_for_port
+    from tests.conftest import require_private_netns
+
+    require_private_netns()
+    ca, cert, key = make_ca_and_cert(tmp_path / "etcd-tls", ["127.0.0.1", "localhost"])
+    c = Cluster(tmp_path)
+    c.etcd_port = free_port()
+    cmd = etcd_command(tmp_path / "etcd", c.etcd_port, free_port())
+    cmd = [a.replace(f"http://127.0.0.1:{c.etcd_port}", f"https://127.0.0.1:{c.etcd_port}") for a in cmd]
+    cmd += ["--cert-file", str(cert), "--key-file", str(key), "--client-cert-auth",
+            "--trusted-ca-file", str(ca)]
+    proc = c.spawn("etcd", cmd)
+    try:
+        wait_for_port(c.etcd_port, proc.popen, "etcd")
+        # without the environment nothing gets through to etcd
+        monkeypatch.delenv("KVSTORE_ETCD_CA", raising=False)
+        with pytest.raises(Unavailable, match="cannot reach etcd"):
+            read_key_sync(c.etcd, Layout().leader, timeout=2)
+        # every process of the deployment reads the same three variables
+        monkeypatch.setenv("KVSTORE_ETCD_CA", str(ca))
+        monkeypatch.setenv("KVSTORE_ETCD_CERT", str(cert))
+        monkeypatch.setenv("KVSTORE_ETCD_KEY", str(key))
+        c.start_master()
+        c.start_store("64MiB")
+        c.wait_nodes(1)
+        with KVStoreClient(etcd=c.etcd, timeout=10) as client:
+            assert client.put_many([b"over-tls"], [b"t" * 5000]) == [None]
+            assert client.get(b"over-tls") == b"t" * 5000
+    finally:
+        c.stop()

@@ -125,3 +125,16 @@ def test_daemons_refuse_open_non_loopback_listens(tmp_path: Path) -> None:
         DaemonSecurity.from_flags(tls_cert="x")
     with pytest.raises(InvalidArgument, match="cannot read --token-file"):
         DaemonSecurity.from_flags(token_file=str(tmp_path / "none"))
+
+
+def test_token_new_prints_a_token_its_entry_admits(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvstore.cli import main
+
+    assert main(["token", "new", "--name", "vllm-a", "--role", "client", "--tenant", "team-a"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    token = out[0].rsplit(" ", 1)[1]
+    entry = json.loads(out[-1])
+    acl = AccessList.parse({"tenants": {"team-a": {}}, "tokens": [entry]})
+    assert acl.authenticate(token).tenant == "team-a"
+    assert token not in json.dumps(entry)
+    assert main(["token", "new", "--name", "n", "--role", "node", "--tenant", "x"]) == 2
