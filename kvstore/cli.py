@@ -40,7 +40,7 @@ def _security(args: argparse.Namespace) -> DaemonSecurity:
     return DaemonSecurity.from_flags(
         tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
         tls_client_ca=args.tls_client_ca, auth_file=args.auth_file, token_file=args.token_file,
-        insecure=args.insecure)
+        insecure=args.insecure, tls_server_name=args.tls_server_name)
 
 
 def cmd_master(args: argparse.Namespace) -> int:
@@ -141,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument("--tls-ca", default="",
                        help="CA of the peers' certificates (master <-> store nodes); default: "
                             "the system's roots")
+        g.add_argument("--tls-server-name", default="",
+                       help="check peers' certificates for this name instead of their address")
         g.add_argument("--tls-client-ca", default="",
                        help="require client certificates signed by this CA (mutual TLS)")
         g.add_argument("--auth-file", default="",

@@ -4,6 +4,8 @@ One `DaemonSecurity` per process, built from its command-line flags:
 - `--tls-cert/--tls-key`: serve TLS (gRPC and the master's fast channel);
 - `--tls-client-ca`: also require client certificates signed by that CA (mutual TLS);
 - `--tls-ca`: the CA that signed the *peers'* certificates (master <-> store nodes);
+- `--tls-server-name`: check peers' certificates for this name instead of their address
+  (one DNS name in every daemon's certificate instead of IP SANs);
 - `--auth-file`: the access file (tokens, roles, tenants), who may call this daemon;
 - `--token-file`: the node token this daemon presents when it calls a peer.
 A daemon listening beyond loopback without TLS and an access file refuses to start
@@ -47,7 +49,7 @@ class DaemonSecurity:
     @classmethod
     def from_flags(cls, *, tls_cert: str = "", tls_key: str = "", tls_ca: str = "",
                    tls_client_ca: str = "", auth_file: str = "", token_file: str = "",
-                   insecure: bool = False) -> DaemonSecurity:
+                   insecure: bool = False, tls_server_name: str = "") -> DaemonSecurity:
         if bool(tls_cert) != bool(tls_key):
             raise InvalidArgument("--tls-cert and --tls-key go together: give both, or neither")
         if tls_client_ca and not tls_cert:
@@ -55,7 +57,8 @@ class DaemonSecurity:
         server = ServerTls(tls_cert, tls_key, tls_client_ca) if tls_cert else None
         if server is not None:
             server.ssl_context()  # a bad certificate or key fails here, at start
-        peer = ClientTls(tls_ca, tls_cert, tls_key) if (tls_ca or tls_cert) else None
+        peer = (ClientTls(tls_ca, tls_cert, tls_key, tls_server_name)
+                if (tls_ca or tls_cert or tls_server_name) else None)
         token = ""
         if token_file:
             try:
