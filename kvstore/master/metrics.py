@@ -22,7 +22,7 @@ _LATENCY_BUCKETS = (
 # Monotonic counters of CoreStats, exported as kvstore_master_<name>_total.
 _COUNTERS = ("lookups", "lookup_keys", "hit_keys", "leases_granted", "leases_expired",
              "leases_released", "evictions", "evicted_bytes", "reclaimed_pending",
-             "put_failures", "eviction_blocked", "eviction_blocked_bytes")
+             "put_failures", "eviction_blocked", "eviction_blocked_bytes", "quota_evictions")
 
 
 def counters(stats: Any) -> dict[str, Any]:
@@ -87,6 +87,14 @@ class _CoreCollector(Collector):
         yield cap
         yield used
         yield pinned
+        held = GaugeMetricFamily("kvstore_tenant_bytes", "Bytes a tenant with a quota holds",
+                                 labels=["tenant"])
+        quota = GaugeMetricFamily("kvstore_tenant_quota_bytes", "A tenant's quota", labels=["tenant"])
+        for tenant, (n, q) in s.tenants.items():
+            held.add_metric([tenant], n)
+            quota.add_metric([tenant], q)
+        yield held
+        yield quota
         for name, value in counters(s).items():
             if isinstance(value, dict):
                 fam = CounterMetricFamily(f"kvstore_master_{name}", name.replace("_", " "),

@@ -39,6 +39,8 @@ def test_quota_evicts_own_lru_never_another_tenants() -> None:
     assert put(core, [b"a/3"]) == [Code.OK]
     assert core.exists([b"b/0", b"a/0", b"a/1", b"a/2", b"a/3"]) == [True, True, False, True, True]
     assert core.tenant_usage()[b"a/"][0] == 3 * KiB
+    st = core.stats()
+    assert st.tenants == {"a": (3 * KiB, 3 * KiB)} and st.quota_evictions == 1
 
 
 def test_quota_refuses_when_the_rest_is_pinned_or_pending() -> None:

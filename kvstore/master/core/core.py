@@ -728,6 +728,8 @@ class MasterCore:
             draining=sorted(self._draining),
             eviction_blocked=self._blocked,
             eviction_blocked_bytes=self._blocked_bytes,
+            tenants={p[:-1].decode(errors="replace"): v for p, v in self.tenant_usage().items()},
+            quota_evictions=self._quota_evictions,
         )
 
     def inspect(self, key: bytes) -> ObjectInfo | None:

@@ -142,6 +142,10 @@ class CoreStats:
     # bytes it could not free (see EvictionStats).
     eviction_blocked: int = 0
     eviction_blocked_bytes: int = 0
+    # Tenants with a quota: name -> (bytes held, quota); and objects evicted to make room
+    # inside a tenant's quota.
+    tenants: dict[str, tuple[int, int]] = field(default_factory=dict)
+    quota_evictions: int = 0
 
 
 @dataclass(slots=True)
