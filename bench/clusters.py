@@ -106,8 +106,11 @@ def wait_mounted(master: str, nodes: int, procs: list[subprocess.Popen[bytes]],
 @contextlib.contextmanager
 def ours(tmp: Path, dram: str = "2GiB", nodes: int = 1,
          master_args: list[str] | None = None) -> Iterator[OursCluster]:
+    # Open (no TLS, no tokens), like Mooncake Store, which has neither: the comparison
+    # is of the data and control paths. It also writes no credentials file.
     opts = UpOptions(data_dir=tmp / "ours", nodes=nodes, dram=dram, etcd_port=free_port(),
-                     master_port=free_port(), extra_master_args=list(master_args or []))
+                     master_port=free_port(), extra_master_args=list(master_args or []),
+                     secure=False)
     dev = DevCluster(opts)
     logs = opts.data_dir / "logs"
     try:
