@@ -66,10 +66,30 @@ class StoreNodeService(spbg.StoreNodeServicer):
     async def Move(self, request: spb.MoveRequest, context: Any) -> spb.MoveResponse:
         if not self.inventory.admit_epoch(request.epoch):
             return _stale(spb.MoveResponse)  # type: ignore[no-any-return]
+        items = list(request.items)
         # Disk I/O runs in worker threads, several at once, off the event loop: the
         # node keeps answering the leader (and its etcd keepalive) meanwhile.
-        codes = await asyncio.gather(*(asyncio.to_thread(self._move, item)
-                                       for item in request.items))
+        codes = list(await asyncio.gather(*(asyncio.to_thread(self._move, item)
+                                            for item in items)))
+        demoted = [i for i, item in enumerate(items)
+                   if item.kind == "demote" and codes[i] == Code.OK]
+        ssd = self.ssd
+        if demoted and ssd is not None and ssd.fsync:
+            # Group commit: the demotions were written without fsync; one flush of the
+            # tier covers the whole batch (and those of concurrent Moves), and no
+            # demotion is acknowledged before it returns. The master frees the DRAM
+            # copy and records the SSD one only on OK.
+            try:
+                await asyncio.to_thread(ssd.sync)
+            except KVStoreError as exc:
+                for i in demoted:
+                    codes[i] = int(exc.code)
+                    if self.ssd_tokens.get(items[i].key) == items[i].ssd_offset:
+                        del self.ssd_tokens[items[i].key]
+                demoted = []
+        for i in demoted:
+            self.counters.demotions += 1
+            self.counters.demoted_bytes += items[i].size
         return spb.MoveResponse(codes=codes)  # type: ignore[arg-type]
 
     def _move(self, item: spb.MoveItem) -> int:
@@ -82,14 +102,11 @@ class StoreNodeService(spbg.StoreNodeServicer):
         view = self.segment.view[item.dram_offset:end]
         try:
             if item.kind == "demote":
-                # Never persist bytes that are already wrong (a torn or stray write).
-                if checksum(view) != item.checksum:
-                    self.counters.corrupt += 1
-                    return int(Code.CORRUPT)
-                ssd.put(item.key, view, item.checksum)
+                # put() refuses bytes that do not match the checksum (CORRUPT): never
+                # persist a copy that is already wrong (a torn or stray write). No fsync
+                # here: Move flushes the batch once (group commit) before answering.
+                ssd.put(item.key, view, item.checksum, sync=False)
                 self.ssd_tokens[item.key] = item.ssd_offset
-                self.counters.demotions += 1
-                self.counters.demoted_bytes += item.size
             elif item.kind == "promote":
                 ssd.read_into(item.key, view)  # verifies the file's checksum
                 if checksum(view) != item.checksum:

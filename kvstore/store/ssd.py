@@ -35,11 +35,31 @@ the directory.
   which reindexing accepts (it is a cache, and the cap is re-applied at open).
 With `fsync=False` a crash may leave torn files; `open()` detects and deletes them.
 
-Group commit (`put(..., sync=False)` then `sync()`). A writer with many objects at once
-(the store node demoting a batch) skips the two fsyncs per file and flushes the whole
-filesystem once with syncfs(2) before it reports the batch stored. Until that flush a
-crash may leave a final name over torn data; `open()` verifies every file's checksums
-and drops those, so a torn file is never served, and nothing was acknowledged yet.
+Group commit (`put(..., sync=False)` then `sync()`): what the store node's Move handler
+runs for every demotion. A put with `sync=False` writes the file, starts its writeback at
+once (sync_file_range(SYNC_FILE_RANGE_WRITE), so the device works while the next files
+are written) and renames it, with no fsync. `sync()` then makes every such put that
+returned before the call durable, data and names, with one syncfs(2) of the tier's
+filesystem (file data, inodes, the renames in the shard directories, and a device cache
+flush, in one journal commit). The caller acknowledges nothing before `sync()` returns.
+- Concurrent callers share flushes: one thread runs syncfs while the others wait; a
+  caller whose puts the running flush already covers returns when it ends, the others
+  join the next one. N batches in flight cost about one flush each, not N per object.
+- A crash before the flush may leave a final name over missing or torn data, or forget
+  the rename. Nothing in the batch was acknowledged, and `open()` checks every file
+  (header sum, key, exact length, data checksum) and deletes bad ones, so no torn file is
+  ever indexed; reads verify the data checksum again.
+- Errors: syncfs reports writeback errors of the filesystem since the tier's own
+  directory descriptor was opened (Linux >= 5.8; older kernels report none, so there the
+  guarantee is only as good as the device's). On a failed flush the tier cannot tell
+  which pages reached the device, so it deletes every object written since the last good
+  flush, fails the waiting `sync()` calls, and refuses further puts (Unavailable) until
+  it is reopened: a restart re-verifies every file.
+- Objects written but not yet flushed are in the index (readable, listed by `entries()`):
+  the bytes in the page cache are right, and if the node crashes, its restart re-indexes
+  only what reached the disk intact.
+- syncfs flushes the whole filesystem, other writers' dirty data too: give the tier its
+  own filesystem in production.
 
 Restart. `open()` scans the directory: leftover temporary files are deleted; every object
 file is checked (header sum, key against the file name, exact length, and, unless
@@ -132,6 +152,9 @@ class SsdStats:
     corrupt_dropped: int
     write_seconds: float
     read_seconds: float
+    syncs: int = 0  # group-commit flushes (syncfs calls)
+    sync_seconds: float = 0.0
+    unsynced_objects: int = 0  # written with sync=False, not yet flushed
 
 
 class _Slot:
@@ -172,6 +195,16 @@ class SsdTier:
         self._evictions = 0
         self._evicted_bytes = 0
         self._corrupt_dropped = 0
+        # Group commit: puts with sync=False are numbered as they land; sync() flushes
+        # up to the newest number and records it. One flush runs at a time.
+        self._unsynced: dict[bytes, int] = {}  # key -> number of its unflushed write
+        self._write_seq = 0
+        self._synced_seq = 0
+        self._syncing = False
+        self._broken: str | None = None  # why puts are refused (a flush failed)
+        self._sync_fd: int | None = None  # kept open: syncfs reports errors since its open
+        self._syncs = 0
+        self._sync_seconds = 0.0
 
     # ---------------------------------------------------------------- life cycle
 
@@ -183,8 +216,12 @@ class SsdTier:
         started = time.perf_counter()
         self._lock_fd = self._take_dir_lock()
         try:
+            self._sync_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             report = self._reindex(verify_data, started)
         except BaseException:
+            fd, self._sync_fd = self._sync_fd, None
+            if fd is not None:
+                os.close(fd)
             self._release_dir_lock()
             raise
         log.info(
@@ -205,6 +242,9 @@ class SsdTier:
         with self._cond:
             self._closed = True
             self._opened = False
+            fd, self._sync_fd = self._sync_fd, None
+        if fd is not None:
+            os.close(fd)
         self._release_dir_lock()
 
     def __enter__(self) -> SsdTier:
@@ -221,14 +261,59 @@ class SsdTier:
     # ---------------------------------------------------------------- objects
 
     def sync(self) -> None:
-        """Flush every write so far to the device (group commit; see the module doc)."""
+        """Make every `put(..., sync=False)` that returned before this call durable.
+
+        Group commit (see the module doc): concurrent calls share one syncfs. Raises
+        Internal if the flush failed; the objects it covered are then deleted and the
+        tier refuses puts until reopened.
+        """
         self._require_open()
-        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        with self._cond:
+            target = self._write_seq
+            while True:
+                if self._synced_seq >= target:
+                    return
+                if self._broken is not None:
+                    raise Internal(self._broken)
+                if not self._syncing:
+                    break
+                self._cond.wait()
+            self._syncing = True
+            upto = self._write_seq
+        started = time.perf_counter()
+        error: OSError | None = None
         try:
-            if _LIBC is None or _LIBC.syncfs(fd) != 0:
-                os.sync()
-        finally:
-            os.close(fd)
+            _syncfs(self._sync_fd_or_raise())
+        except OSError as err:
+            error = err
+        except BaseException:  # closed, interrupted: nothing advanced; the next caller flushes
+            with self._cond:
+                self._syncing = False
+                self._cond.notify_all()
+            raise
+        elapsed = time.perf_counter() - started
+        dropped: list[SsdEntry] = []
+        with self._cond:  # one critical section: no new flush starts before the verdict
+            self._syncing = False
+            self._syncs += 1
+            self._sync_seconds += elapsed
+            if error is None:
+                self._synced_seq = max(self._synced_seq, upto)
+                for key in [k for k, seq in self._unsynced.items() if seq <= upto]:
+                    del self._unsynced[key]
+                self._cond.notify_all()
+                return
+            broken = self._broken = (
+                f"SSD tier at {self.directory}: flushing to the device failed ({error}); "
+                "objects written since the last good flush were deleted and the tier "
+                "takes no more writes until the node restarts (which re-verifies every "
+                "file)"
+            )
+            dropped = self._forget_unsynced_locked()
+            self._cond.notify_all()
+        self._delete_dropped(dropped)
+        log.error("%s", broken)
+        raise Internal(broken) from error
 
     def put(self, key: bytes, data: _Buffer, checksum: int, sync: bool | None = None) -> SsdEntry:
         """Store `data` under `key`, durably (see the module docstring) and atomically.
@@ -237,6 +322,10 @@ class SsdTier:
         nothing (the source copy is damaged). A key already stored is a no-op returning
         its entry. If the cap leaves no room after evicting every unpinned object, raises
         StoreFull and evicts nothing.
+
+        `sync`: None follows the tier's `fsync` setting (fsync the file and its directory
+        before returning); False is group commit: the object is durable only once a
+        later `sync()` returns, and must not be acknowledged before.
         """
         check_key(key)
         key = bytes(key)
@@ -249,9 +338,13 @@ class SsdTier:
                 key=key,
             )
         need = fmt.file_length(len(key), len(view))
+        durable = self.fsync if sync is None else sync
+        group = sync is False and self.fsync  # a group commit: sync() follows
         with self._cond:
             while key in self._busy:
                 self._cond.wait()
+            if self._broken is not None:
+                raise Unavailable(self._broken, key=key)
             slot = self._index.get(key)
             if slot is not None:
                 self._index.move_to_end(key)
@@ -266,24 +359,33 @@ class SsdTier:
             self._busy.update(v.key for v in victims)
         started = time.perf_counter()
         entry: SsdEntry | None = None
+        late: SsdEntry | None = None  # written, but a flush failed meanwhile: not kept
         try:
             self._unlink_victims(victims, hold - need)
-            entry = self._write_file(key, view, checksum, need,
-                                     self.fsync if sync is None else sync)
+            entry = self._write_file(key, view, checksum, need, durable, group)
         finally:
             elapsed = time.perf_counter() - started
             with self._cond:
                 self._reserved -= need
                 self._busy.discard(key)
+                if entry is not None and group and self._broken is not None:
+                    late, entry = entry, None
                 if entry is None:
                     self._used -= need
                 else:
                     self._index[key] = _Slot(entry)
+                    if group:
+                        self._write_seq += 1
+                        self._unsynced[key] = self._write_seq
                     self._stored += need
                     self._writes += 1
                     self._write_bytes += entry.size
                     self._write_seconds += elapsed
                 self._cond.notify_all()
+        if late is not None:
+            _unlink_quietly(late.path)
+            raise Unavailable(self._broken or "SSD tier refuses writes", key=key)
+        assert entry is not None
         return entry
 
     def read_into(self, key: bytes, out: memoryview | bytearray) -> int:
@@ -356,6 +458,7 @@ class SsdTier:
             slot = self._index.pop(key, None)
             if slot is None:
                 return False
+            self._unsynced.pop(key, None)
             self._stored -= slot.entry.disk_bytes
             self._busy.add(key)
         try:
@@ -429,6 +532,9 @@ class SsdTier:
                 corrupt_dropped=self._corrupt_dropped,
                 write_seconds=self._write_seconds,
                 read_seconds=self._read_seconds,
+                syncs=self._syncs,
+                sync_seconds=self._sync_seconds,
+                unsynced_objects=len(self._unsynced),
             )
 
     def __len__(self) -> int:
@@ -444,6 +550,37 @@ class SsdTier:
                 if not self._closed
                 else f"SSD tier at {self.directory} is closed"
             )
+
+    def _sync_fd_or_raise(self) -> int:
+        fd = self._sync_fd
+        if fd is None:
+            raise Unavailable(f"SSD tier at {self.directory} is closed")
+        return fd
+
+    def _forget_unsynced_locked(self) -> list[SsdEntry]:
+        """Take every unflushed object out of the index (a flush failed); the caller
+        deletes the files, with `_delete_dropped`, outside the lock."""
+        dropped: list[SsdEntry] = []
+        for key in list(self._unsynced):
+            slot = self._index.pop(key, None)
+            if slot is None:
+                continue
+            dropped.append(slot.entry)
+            self._stored -= slot.entry.disk_bytes
+            self._busy.add(key)
+        self._unsynced.clear()
+        return dropped
+
+    def _delete_dropped(self, dropped: Sequence[SsdEntry]) -> None:
+        try:
+            for entry in dropped:
+                _unlink_quietly(entry.path)
+        finally:
+            with self._cond:
+                for entry in dropped:
+                    self._used -= entry.disk_bytes
+                    self._busy.discard(entry.key)
+                self._cond.notify_all()
 
     def _choose_victims_locked(self, key: bytes, need: int) -> list[SsdEntry]:
         """Evict from the cold end, skipping pinned objects, until `need` bytes fit.
@@ -474,6 +611,7 @@ class SsdTier:
         victims = [slot.entry for slot in chosen]
         for victim in victims:
             del self._index[victim.key]
+            self._unsynced.pop(victim.key, None)
             self._stored -= victim.disk_bytes
             self._evicted.append(victim.key)
             self._evictions += 1
@@ -494,7 +632,7 @@ class SsdTier:
                 self._cond.notify_all()
 
     def _write_file(self, key: bytes, view: memoryview, checksum: int, need: int,
-                    durable: bool) -> SsdEntry:
+                    durable: bool, start_writeback: bool = False) -> SsdEntry:
         stem = fmt.object_name(key)
         shard = self.directory / stem[: fmt.SHARD_HEX_DIGITS]
         final = shard / f"{stem}{fmt.OBJECT_SUFFIX}"
@@ -509,6 +647,8 @@ class SsdTier:
                 _write_all(fd, [header, key, view, fmt.padding(len(key), len(view))])
                 if durable:
                     os.fsync(fd)
+                elif start_writeback:
+                    _start_writeback(fd)
             finally:
                 os.close(fd)
             os.rename(temp, final)
@@ -559,6 +699,7 @@ class SsdTier:
             if slot is None or slot.entry is not entry:
                 return  # already removed (and maybe stored afresh) by someone else
             del self._index[entry.key]
+            self._unsynced.pop(entry.key, None)
             self._stored -= entry.disk_bytes
             self._busy.add(entry.key)
             self._corrupt_dropped += 1
@@ -662,6 +803,36 @@ def _load_libc() -> ctypes.CDLL | None:
 
 
 _LIBC = _load_libc()
+_SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>: start writeback of dirty pages, do not wait
+if _LIBC is not None:
+    with contextlib.suppress(AttributeError):  # not Linux: os.sync(), no writeback hint
+        _LIBC.syncfs.argtypes = [ctypes.c_int]
+        _LIBC.syncfs.restype = ctypes.c_int
+    with contextlib.suppress(AttributeError):
+        _LIBC.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                                          ctypes.c_uint]
+        _LIBC.sync_file_range.restype = ctypes.c_int
+
+
+def _syncfs(fd: int) -> None:
+    """Flush the filesystem holding `fd` to the device; OSError if writeback failed.
+
+    syncfs(2) reports writeback errors since `fd` was opened (Linux >= 5.8). Without
+    libc's syncfs, os.sync() flushes every filesystem but reports nothing.
+    """
+    if _LIBC is None or not hasattr(_LIBC, "syncfs"):
+        os.sync()
+        return
+    if _LIBC.syncfs(fd) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"syncfs: {os.strerror(err)}")
+
+
+def _start_writeback(fd: int) -> None:
+    """Start writing the file's dirty pages to the device now, without waiting (a hint:
+    the flush in `sync()` is what waits and what makes them durable)."""
+    if _LIBC is not None and hasattr(_LIBC, "sync_file_range"):
+        _LIBC.sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
 
 
 def _byte_view(data: _Buffer) -> memoryview:
