@@ -4,12 +4,19 @@ Nothing here starts a daemon, a container or a cluster, and nothing touches the 
 (an autouse fixture makes any socket connect fail): Kubernetes objects are checked against
 the schemas that `kubernetes-validate` ships, and every daemon command line written in a
 systemd unit, the compose file or a manifest is parsed by `kvstore.cli.build_parser()`.
+
+Every deployment starts on the secure path: each daemon serves TLS and checks tokens
+(--tls-cert/--tls-key/--auth-file, and --tls-ca/--token-file towards its peers), which
+a daemon listening beyond loopback must have unless an explicit, commented --insecure
+says otherwise; the files those flags name are where the deployment puts them; and the
+certificates each deployment makes or documents verify for the names the daemons check.
 """
 
 from __future__ import annotations
 
 import argparse
 import configparser
+import ipaddress
 import json
 import re
 import shlex
@@ -24,8 +31,14 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
+from cryptography.x509.verification import PolicyBuilder, Store
 
 from kvstore.cli import build_parser
+from kvstore.rpc.framing import split_address
+from kvstore.security.access import AccessList, Role
+from kvstore.security.daemons import DaemonSecurity, is_loopback
 from kvstore.units import parse_size
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,6 +46,8 @@ DEPLOY = ROOT / "deploy"
 SYSTEMD = DEPLOY / "systemd"
 COMPOSE = DEPLOY / "compose"
 K8S = DEPLOY / "k8s"
+CERT_MANAGER = K8S / "cert-manager" / "certificates.yaml"
+DEV_SECRETS = COMPOSE / "dev_secrets.py"
 DASHBOARD = DEPLOY / "grafana" / "kvstore-dashboard.json"
 
 K8S_VERSION = "1.30"
@@ -112,6 +127,69 @@ def check_daemon_args(args: argparse.Namespace, command: str) -> None:
         assert args.protocol in {"tcp", "rdma"}
 
 
+# The security flags a daemon of these deployments runs with, as argparse names them.
+SECURITY_FILES = ("tls_cert", "tls_key", "tls_ca", "auth_file", "token_file")
+
+
+def daemon_listens(args: argparse.Namespace) -> list[str]:
+    """The addresses a daemon listens on, as it works them out (kvstore/master/daemon.py,
+    kvstore/store/daemon.py): what check_exposure looks at."""
+    if args.command == "master":
+        return [args.listen, args.fast_listen or f"{split_address(args.listen)[0]}:0"]
+    return [args.listen or f"{args.host}:0"]
+
+
+def check_security(args: argparse.Namespace, where: str) -> None:
+    """A daemon beyond loopback has TLS and an access file (or --insecure, which only
+    check_insecure_is_commented may let through), and every daemon here is secure by
+    default: TLS, tokens, and the CA and node token its peers need."""
+    exposed = [a for a in daemon_listens(args) if not is_loopback(split_address(a)[0])]
+    if exposed and not args.insecure:
+        missing = [f for f in ("tls_cert", "tls_key", "auth_file") if not getattr(args, f)]
+        assert not missing, f"{where}: listens on {exposed} without {missing} (the daemon refuses)"
+    assert not args.insecure, f"{where}: --insecure in a default deployment"
+    missing = [f"--{f.replace('_', '-')}" for f in SECURITY_FILES if not getattr(args, f)]
+    assert not missing, f"{where}: not on the secure path, missing {missing}"
+    assert not args.tls_client_ca or args.tls_cert
+
+
+def security_paths(args: argparse.Namespace) -> dict[str, str]:
+    return {f: getattr(args, f) for f in (*SECURITY_FILES, "tls_client_ca") if getattr(args, f)}
+
+
+def check_insecure_is_commented(path: Path) -> None:
+    """`--insecure` in a deployment file must come with a comment saying why: on its own
+    line, or on a comment line right above it."""
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):
+        code = line.split("#", 1)[0]
+        if "--insecure" not in code:
+            continue
+        above = lines[i - 1].strip() if i else ""
+        assert "#" in line or above.startswith("#"), (
+            f"{path.relative_to(ROOT)}:{i + 1}: --insecure without a comment saying why")
+
+
+@pytest.mark.parametrize("path", sorted(p for p in DEPLOY.rglob("*") if p.is_file()),
+                         ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_insecure_is_never_silent(path: Path) -> None:
+    if path.suffix in {".md", ".json"}:
+        return  # prose and the dashboard; the READMEs describe --insecure, they do not pass it
+    check_insecure_is_commented(path)
+
+
+def verify_server_cert(ca_pem: bytes, cert_pem: bytes, name: str) -> None:
+    """RFC 5280 path validation (cryptography's verifier, as strict as Python 3.13's
+    VERIFY_X509_STRICT): `cert` is a server certificate for `name`, signed by `ca`."""
+    try:
+        subject: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        subject = x509.DNSName(name)
+    ca = x509.load_pem_x509_certificate(ca_pem)
+    leaf = x509.load_pem_x509_certificate(cert_pem)
+    PolicyBuilder().store(Store([ca])).build_server_verifier(subject).verify(leaf, [])
+
+
 def store_parser_knows(flag: str) -> bool:
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -130,7 +208,8 @@ def test_deploy_tree_is_complete() -> None:
     expected = [
         "systemd/kvstore-master.service", "systemd/kvstore-store.service", "systemd/kvstore.env",
         "systemd/README.md", "compose/compose.yaml", "compose/Dockerfile", "compose/README.md",
-        "k8s/README.md", "grafana/kvstore-dashboard.json",
+        "compose/dev_secrets.py", "k8s/README.md", "k8s/cert-manager/certificates.yaml",
+        "grafana/kvstore-dashboard.json",
     ]
     missing = [name for name in expected if not (DEPLOY / name).is_file()]
     assert not missing
@@ -242,6 +321,12 @@ def test_systemd_unit_is_ini_with_required_keys(name: str) -> None:
     # A master that loses leadership exits 3: that must restart it, forever.
     assert "3" not in " ".join(unit["Service"].get("RestartPreventExitStatus", []))
     assert unit["Unit"].get("StartLimitIntervalSec") == ["0"]
+    if UNITS[name] == "master":
+        # `systemctl reload` rereads the access file (the master's SIGHUP handler).
+        assert unit["Service"]["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
+    else:
+        # A store node has no SIGHUP handler: a reload would stop it.
+        assert "ExecReload" not in unit["Service"]
     if UNITS[name] == "store":
         assert unit["Service"]["LimitMEMLOCK"] == ["infinity"]
         # Nothing that takes shared memory, RDMA devices or W+X pages from the store.
@@ -267,12 +352,21 @@ def test_systemd_execstart_parses_with_the_cli(name: str) -> None:
         assert argv[0] == KVSTORE_BIN
         args = parse_cli(argv[1:])
         check_daemon_args(args, UNITS[name])
+        check_security(args, name)
+        # The files live under /etc/kvstore, which ProtectSystem=strict leaves readable.
+        for flag, path in security_paths(args).items():
+            assert path.startswith("/etc/kvstore/"), f"{name}: --{flag} {path}"
     args = parse_cli(expand_exec(exec_start, {**defaults, **site})[1:])
     if UNITS[name] == "master":
         assert args.listen == site["KVSTORE_MASTER_LISTEN"]
         assert args.etcd == site["KVSTORE_ETCD"]
     else:
         assert args.dram == site["KVSTORE_STORE_DRAM"] and args.host == site["KVSTORE_STORE_HOST"]
+    # The example addresses are not loopback: the exposure rule applies, and is met.
+    assert not any(is_loopback(split_address(a)[0]) for a in daemon_listens(args))
+    assert args.tls_cert == site["KVSTORE_TLS_CERT"] and args.auth_file == site["KVSTORE_AUTH_FILE"]
+    assert args.token_file == site["KVSTORE_NODE_TOKEN_FILE"] and args.tls_ca == site["KVSTORE_TLS_CA"]
+    assert args.tls_server_name == site["KVSTORE_TLS_SERVER_NAME"] == ""  # IP SANs, by default
 
 
 def test_systemd_env_file_sets_every_variable_the_units_use() -> None:
@@ -281,6 +375,74 @@ def test_systemd_env_file_sets_every_variable_the_units_use() -> None:
         exec_start = read_unit(SYSTEMD / name)["Service"]["ExecStart"][0]
         used = set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", exec_start))
         assert used <= set(site), f"{name} uses {sorted(used - set(site))}, not in kvstore.env"
+
+
+def test_systemd_env_file_sets_etcd_tls() -> None:
+    """etcd's TLS is not a flag but the environment every process reads
+    (kvstore/coord/etcd.py): the site file sets all three, to the host's files."""
+    site = read_env_file(ENV_FILE)
+    for var in ("KVSTORE_ETCD_CA", "KVSTORE_ETCD_CERT", "KVSTORE_ETCD_KEY"):
+        assert site.get(var, "").startswith("/etc/kvstore/tls/"), var
+    assert site["KVSTORE_ETCD_CA"] == site["KVSTORE_TLS_CA"]
+    assert (site["KVSTORE_ETCD_CERT"], site["KVSTORE_ETCD_KEY"]) == (site["KVSTORE_TLS_CERT"],
+                                                                    site["KVSTORE_TLS_KEY"])
+
+
+def readme_block(path: Path, marker: str) -> str:
+    """The fenced code block of a README that contains `marker`."""
+    blocks = re.findall(r"```(?:sh|bash)\n(.*?)```", path.read_text(), flags=re.S)
+    (block,) = [b for b in blocks if marker in b]
+    return block
+
+
+def test_systemd_readme_openssl_commands_make_a_valid_chain(tmp_path: Path) -> None:
+    """The README's CA and host certificate, made by the commands as written: the chain
+    verifies (strictly: key identifiers, EKU) for the host's address and name."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl is not installed here")
+    block = readme_block(SYSTEMD / "README.md", "openssl req")
+    m = re.search(r"^host=(\S+) ip=(\S+)$", block, flags=re.M)
+    assert m, "the README sets host= and ip= for the host certificate"
+    host, ip = m[1], m[2]
+    proc = subprocess.run(["sh", "-eu", "-c", block], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    ca, cert = (tmp_path / "ca.pem").read_bytes(), (tmp_path / f"{host}.pem").read_bytes()
+    for name in (ip, host):
+        verify_server_cert(ca, cert, name)
+    leaf = x509.load_pem_x509_certificate(cert)
+    usages = set(leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+    assert ExtendedKeyUsageOID.CLIENT_AUTH in usages  # also its client certificate (etcd)
+    assert oct((tmp_path / f"{host}.key").stat().st_mode & 0o777) == oct(0o600)  # umask 077
+    # What the daemons do with it at start: load the certificate and key.
+    DaemonSecurity.from_flags(tls_cert=str(tmp_path / f"{host}.pem"), tls_key=str(tmp_path / f"{host}.key"),
+                              tls_ca=str(tmp_path / "ca.pem"))
+
+
+def test_readme_token_recipe_makes_a_valid_access_file(tmp_path: Path) -> None:
+    """systemd's and Kubernetes' READMEs build access.json from `kvstore token new`'s
+    output with sed: the result loads, and each token file holds the token of its entry."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "kvstore").write_text(f"#!/bin/sh\nexec {sys.executable} -m kvstore \"$@\"\n")
+    (bindir / "kvstore").chmod(0o755)
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    recipes = set()
+    for readme in (SYSTEMD / "README.md", K8S / "README.md"):
+        block = readme_block(readme, "kvstore token new --name nodes")
+        lines = [line.split("#")[0].rstrip() for line in block.splitlines()]
+        recipes.add("\n".join(line for line in lines if line and not line.startswith(
+            ("install ", "kubectl ", "    --from-file"))))
+    (recipe,) = recipes  # the same recipe in both, so one run checks both
+    proc = subprocess.run(["sh", "-eu", "-c", recipe], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    access = AccessList.load(tmp_path / "access.json")
+    roles = {access.authenticate((tmp_path / f"{t}.token").read_text().strip()).role
+             for t in ("nodes", "ops", "vllm-a")}
+    assert roles == {Role.NODE, Role.ADMIN, Role.CLIENT}
+    assert access.authenticate((tmp_path / "vllm-a.token").read_text().strip()).tenant == "team-a"
 
 
 def test_systemd_store_ssd_example_parses_once_the_cli_has_it() -> None:
@@ -338,11 +500,15 @@ def compose_interpolate(value: Any, env: dict[str, str], unset: set[str]) -> Any
     return re.sub(r"\$\$|\$\{(\w+)(?:(:?-)([^}]*))?\}|\$(\w+)", sub, value)
 
 
-def compose() -> dict[str, Any]:
+def compose(env: dict[str, str] | None = None) -> dict[str, Any]:
     unset: set[str] = set()
-    data = compose_interpolate(yaml.safe_load((COMPOSE / "compose.yaml").read_text()), {}, unset)
+    data = compose_interpolate(yaml.safe_load((COMPOSE / "compose.yaml").read_text()), env or {}, unset)
     assert not unset, f"variables without a default: {sorted(unset)}"
     return data
+
+
+# The default (loopback), and the host's routable address (documentation example).
+COMPOSE_HOSTS = [{}, {"KVSTORE_HOST": "192.0.2.5"}]
 
 
 def kvstore_services(data: dict[str, Any]) -> Iterator[tuple[str, list[str]]]:
@@ -376,8 +542,9 @@ def test_compose_references_are_defined() -> None:
             assert (context / "pyproject.toml").is_file()
 
 
-def test_compose_services_and_ports() -> None:
-    data = compose()
+@pytest.mark.parametrize("env", COMPOSE_HOSTS, ids=["loopback", "routable"])
+def test_compose_services_and_ports(env: dict[str, str]) -> None:
+    data = compose(env)
     assert data["services"]["etcd"]["image"].startswith("quay.io/coreos/etcd:v3.5")
     parsed = {name: parse_cli(cmd[1:]) for name, cmd in kvstore_services(data)}
     masters = {n: a for n, a in parsed.items() if a.command == "master"}
@@ -385,6 +552,7 @@ def test_compose_services_and_ports() -> None:
     assert len(masters) == 2 and len(stores) == 2
     for name, args in parsed.items():
         check_daemon_args(args, args.command)
+        check_security(args, f"compose {name}")
         assert data["services"][name].get("network_mode") == "host"
         assert data["services"][name]["restart"] in {"always", "unless-stopped"}
     # Host networking: every listening port is a host port, and none may repeat.
@@ -396,8 +564,134 @@ def test_compose_services_and_ports() -> None:
     listen = {a.listen for a in masters.values()}
     assert len(listen) == 2, "the two masters need distinct --listen ports"
     assert len({a.node_id for a in stores.values()}) == 2
-    client_url = re.search(r"--listen-client-urls=http://(\S+)", etcd)
+    client_url = re.search(r"--listen-client-urls=https://(\S+)", etcd)
     assert client_url and all(a.etcd == client_url[1] for a in parsed.values())
+    host = env.get("KVSTORE_HOST", "127.0.0.1")
+    assert all(a.listen.startswith(host + ":") for a in masters.values())
+    assert all(a.host == host for a in stores.values())
+
+
+def compose_files(svc: dict[str, Any]) -> dict[str, str]:
+    """Volume name -> mount point, for the named volumes a service mounts."""
+    out = {}
+    for vol in svc.get("volumes", []):
+        source, _, rest = vol.partition(":")
+        if not source.startswith(("/", ".", "~")):
+            out[source] = rest.split(":")[0]
+    return out
+
+
+def test_compose_etcd_and_daemons_use_tls() -> None:
+    """etcd: TLS and client certificates on its client port; every kvstore container talks
+    to it with the dev CA and a certificate, and mounts the secrets volume read-only."""
+    data = compose()
+    services = data["services"]
+    etcd = services["etcd"]["command"]
+    assert "--client-cert-auth" in etcd
+    flags = dict(w.split("=", 1) for w in etcd if "=" in w)
+    assert flags["--advertise-client-urls"].startswith("https://")
+    for name in ("--cert-file", "--key-file", "--trusted-ca-file"):
+        assert flags[name].startswith("/etc/kvstore/secrets/"), name
+    health = " ".join(services["etcd"]["healthcheck"]["test"])
+    assert "https://" in health and "--cacert=" in health and "--cert=" in health
+    for svc in ("etcd", *(n for n, _ in kvstore_services(data))):
+        deps = services[svc]["depends_on"]
+        assert deps["dev-secrets"]["condition"] == "service_completed_successfully", svc
+    for name, _ in kvstore_services(data):
+        svc = services[name]
+        assert compose_files(svc).get("secrets") == "/etc/kvstore", name
+        assert any(v == "secrets:/etc/kvstore:ro" for v in svc["volumes"]), f"{name}: not read-only"
+        env = svc["environment"]
+        for var in ("KVSTORE_ETCD_CA", "KVSTORE_ETCD_CERT", "KVSTORE_ETCD_KEY"):
+            assert env[var].startswith("/etc/kvstore/secrets/"), f"{name}: {var}"
+    init = services["dev-secrets"]
+    assert init["restart"] == "no" and init["user"] == "0:0"
+    assert compose_files(init) == {"secrets": "/etc/kvstore"}
+    assert any(v.startswith("./dev_secrets.py:/dev_secrets.py") for v in init["volumes"])
+
+
+def run_dev_secrets(volume: Path, host: str) -> subprocess.CompletedProcess[str]:
+    """compose's dev-secrets service, with the volume at `volume` (no --owner: not root)."""
+    init = compose({"KVSTORE_HOST": host})["services"]["dev-secrets"]["command"]
+    assert init[:2] == ["python", "/dev_secrets.py"]
+    args = [a for a in init[2:] if not a.startswith(("--dir=", "--owner="))]
+    return subprocess.run([sys.executable, str(DEV_SECRETS), f"--dir={volume}", *args],
+                          capture_output=True, text=True, timeout=120, check=False, cwd=ROOT)
+
+
+@pytest.mark.parametrize("env", COMPOSE_HOSTS, ids=["loopback", "routable"])
+def test_compose_dev_secrets_make_what_the_daemons_load(tmp_path: Path, env: dict[str, str]) -> None:
+    """Run dev_secrets.py as the init service would, then load what each daemon's flags
+    and etcd name, the way the daemons do at start (certificate and key, access file,
+    node token) and apply their exposure rule to the addresses they listen on."""
+    host = env.get("KVSTORE_HOST", "127.0.0.1")
+    proc = run_dev_secrets(tmp_path, host)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = compose(env)
+
+    def local(path: str) -> str:
+        assert path.startswith("/etc/kvstore/"), path
+        return str(tmp_path / path.removeprefix("/etc/kvstore/"))
+
+    etcd_flags = dict(w.split("=", 1) for w in data["services"]["etcd"]["command"] if "=" in w)
+    ca = Path(local(etcd_flags["--trusted-ca-file"])).read_bytes()
+    verify_server_cert(ca, Path(local(etcd_flags["--cert-file"])).read_bytes(), host)
+    for name, cmd in kvstore_services(data):
+        args = parse_cli(cmd[1:])
+        files = {k: local(v) for k, v in security_paths(args).items()}
+        for path in files.values():
+            assert Path(path).is_file(), f"{name}: {path} is not made by dev_secrets.py"
+        security = DaemonSecurity.from_flags(**files)
+        security.check_exposure(*daemon_listens(args))
+        assert security.access is not None and security.token
+        assert security.access.authenticate(security.token).role is Role.NODE
+        # The peers' certificate verifies for the address each daemon announces.
+        announced = split_address(args.listen if args.command == "master" else f"{args.host}:0")[0]
+        verify_server_cert(Path(files["tls_ca"]).read_bytes(), Path(files["tls_cert"]).read_bytes(),
+                           announced)
+        env_files = data["services"][name]["environment"]
+        etcd_ca = Path(local(env_files["KVSTORE_ETCD_CA"])).read_bytes()
+        assert etcd_ca == ca
+        cert = x509.load_pem_x509_certificate(Path(local(env_files["KVSTORE_ETCD_CERT"])).read_bytes())
+        cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca))
+        creds = json.loads(Path(local(env_files["KVSTORE_CREDENTIALS"])).read_text())
+        assert creds[f"{args.etcd}/{args.cluster}"]["admin_token"]
+    # What README.md tells a client on the host to use.
+    client = tmp_path / "client"
+    for f in ("ca.pem", "client.token", "admin.token", "etcd.pem", "etcd.key"):
+        assert (client / f).is_file(), f
+    access = AccessList.load(tmp_path / "secrets" / "access.json")
+    assert access.authenticate((client / "client.token").read_text().strip()).tenant == "dev"
+    assert access.authenticate((client / "admin.token").read_text().strip()).role is Role.ADMIN
+    etcd_client = x509.load_pem_x509_certificate((client / "etcd.pem").read_bytes())
+    etcd_client.verify_directly_issued_by(x509.load_pem_x509_certificate(ca))
+    eku = set(etcd_client.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+    assert eku == {ExtendedKeyUsageOID.CLIENT_AUTH}, "the host's etcd certificate must not serve"
+    for secret in ("server.key", "etcd-client.key", "node.token", "tokens.json", "credentials.json"):
+        assert (tmp_path / "secrets" / secret).stat().st_mode & 0o077 == 0, secret
+
+
+def test_compose_dev_secrets_keep_what_they_can(tmp_path: Path) -> None:
+    """A second run keeps the CA and tokens (clients' copies stay valid) and the tokens an
+    operator added; a new KVSTORE_HOST makes a new certificate that names it."""
+    assert run_dev_secrets(tmp_path, "127.0.0.1").returncode == 0
+    secrets = tmp_path / "secrets"
+    before = {f: (secrets / f).read_bytes() for f in ("ca.pem", "server.pem", "tokens.json")}
+    access = json.loads((secrets / "access.json").read_text())
+    access["tenants"]["team-b"] = {"quota_bytes": 1 << 30}
+    access["tokens"].append({"name": "vllm-b", "role": "client", "tenant": "team-b", "sha256": "b" * 64})
+    (secrets / "access.json").write_text(json.dumps(access))
+    assert run_dev_secrets(tmp_path, "127.0.0.1").returncode == 0
+    assert {f: (secrets / f).read_bytes() for f in before} == before
+    kept = AccessList.load(secrets / "access.json")
+    assert "team-b" in kept.tenants and {p.name for p in kept.principals.values()} >= {"vllm-b", "dev-nodes"}
+    proc = run_dev_secrets(tmp_path, "192.0.2.5")
+    assert proc.returncode == 0 and "making a new CA" in proc.stdout
+    verify_server_cert((secrets / "ca.pem").read_bytes(), (secrets / "server.pem").read_bytes(), "192.0.2.5")
+    assert (secrets / "tokens.json").read_bytes() == before["tokens.json"]
+    (secrets / "access.json").write_text("{not json")
+    proc = run_dev_secrets(tmp_path, "192.0.2.5")
+    assert proc.returncode == 2 and "not a valid access file" in proc.stdout
 
 
 def test_dockerfile() -> None:
@@ -557,11 +851,142 @@ def test_k8s_args_parse_with_the_cli(kind: str, command: str) -> None:
     argv = [k8s_expand(w, env) for w in c["command"][1:] + c.get("args", [])]
     args = parse_cli(argv)
     check_daemon_args(args, command)
+    check_security(args, f"{kind} {c['name']}")
+    (cm,) = by_kind("ConfigMap")
+    master_name = cm["data"]["KVSTORE_TLS_SERVER_NAME"]
+    store_name = cm["data"]["KVSTORE_STORE_TLS_SERVER_NAME"]
+    assert master_name != store_name, "a store node's certificate must not pass for a master's"
     if command == "master":
         assert args.listen.startswith(FIELD_VALUES["status.podIP"] + ":")
+        # It dials store nodes at their node IP; their certificate names store_name.
+        assert args.tls_server_name == store_name
+        # `kubectl exec ... kvstore status`: the admin CLI finds the CA and the name.
+        assert env["KVSTORE_TLS_SERVER_NAME"] == master_name
+        assert env["KVSTORE_TLS_CA"] == args.tls_ca
     else:
         assert args.host == FIELD_VALUES["status.hostIP"]
         assert args.node_id == FIELD_VALUES["spec.nodeName"]
+        assert args.tls_server_name == master_name
+    # Pod and node IPs are not loopback: the exposure rule applies, and is met.
+    assert not any(is_loopback(split_address(a)[0]) for a in daemon_listens(args))
+
+
+def secret_mounts(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+    """Mount path -> Secret name, for the container's read-only Secret mounts."""
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    out = {}
+    for m in container.get("volumeMounts", []):
+        secret = volumes[m["name"]].get("secret")
+        if secret is not None:
+            assert m.get("readOnly") is True, f"{m['name']} must be mounted read-only"
+            assert "subPath" not in m, f"{m['name']}: a subPath mount is never updated"
+            assert secret["defaultMode"] == 0o440, f"{m['name']}: keys readable by the pod's group only"
+            out[m["mountPath"]] = secret["secretName"]
+    return out
+
+
+# What each Secret holds (README.md section 1; cert-manager fills the TLS ones).
+SECRET_KEYS = {"kvstore-auth": {"access.json", "node.token"}}
+TLS_KEYS = {"tls.crt", "tls.key", "ca.crt"}
+
+
+@pytest.mark.parametrize("kind", ["Deployment", "DaemonSet"])
+def test_k8s_security_files_are_mounted_secrets(kind: str) -> None:
+    """Every file a security flag or KVSTORE_ETCD_* names is a key of a Secret mounted
+    read-only there, readable by the daemons' user through fsGroup."""
+    (workload,) = by_kind(kind)
+    pod = workload["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    env = container_env(c)
+    args = parse_cli([k8s_expand(w, env) for w in c["command"][1:] + c["args"]])
+    user = c.get("securityContext", {}).get("runAsUser") or pod["securityContext"]["runAsUser"]
+    assert pod["securityContext"]["fsGroup"] == user
+    mounts = secret_mounts(pod, c)
+    paths = {**{f"--{k.replace('_', '-')}": v for k, v in security_paths(args).items()},
+             **{var: env[var] for var in ("KVSTORE_ETCD_CA", "KVSTORE_ETCD_CERT", "KVSTORE_ETCD_KEY")}}
+    if "KVSTORE_TLS_CA" in env:
+        paths["KVSTORE_TLS_CA"] = env["KVSTORE_TLS_CA"]
+    for what, path in paths.items():
+        directory, _, key = path.rpartition("/")
+        assert directory in mounts, f"{kind}: {what}={path} is not in a Secret mount"
+        secret = mounts[directory]
+        assert key in SECRET_KEYS.get(secret, TLS_KEYS), f"{kind}: {secret} has no key {key}"
+    # The daemon's own certificate, its peers' CA and the key come from one TLS Secret.
+    assert len({mounts[p.rpartition("/")[0]] for p in (args.tls_cert, args.tls_key, args.tls_ca)}) == 1
+
+
+def cert_manager_objects() -> list[dict[str, Any]]:
+    return load_all(CERT_MANAGER)
+
+
+def test_k8s_cert_manager_objects() -> None:
+    """No built-in schema for cert-manager's CRDs: the fields they require, by hand, and
+    that the certificates are the ones the pods mount, for the names the daemons check."""
+    objs = cert_manager_objects()
+    issuers = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ClusterIssuer"}
+    certs = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Certificate"}
+    assert {o["kind"] for o in objs} == {"ClusterIssuer", "Certificate"}
+    duration = re.compile(r"(\d+h)?(\d+m)?(\d+s)?")
+    usages = {"digital signature", "key encipherment", "server auth", "client auth", "cert sign"}
+    for o in objs:
+        assert o["apiVersion"] == "cert-manager.io/v1"
+        assert set(o) == {"apiVersion", "kind", "metadata", "spec"}
+    for issuer in issuers.values():
+        assert set(issuer["spec"]) in ({"selfSigned"}, {"ca"})
+        assert "namespace" not in issuer["metadata"]
+    for name, cert in certs.items():
+        spec = cert["spec"]
+        assert cert["metadata"]["namespace"] and spec["secretName"]
+        ref = spec["issuerRef"]
+        assert ref["kind"] == "ClusterIssuer" and ref["group"] == "cert-manager.io"
+        assert ref["name"] in issuers, f"{name}: no ClusterIssuer {ref['name']}"
+        for key in ("duration", "renewBefore"):
+            if key in spec:
+                assert duration.fullmatch(spec[key]), f"{name}: {key}"
+        assert set(spec.get("usages", [])) <= usages, name
+        assert spec["privateKey"]["algorithm"] in {"RSA", "ECDSA", "Ed25519"}
+    # The CA: self-signed, its Secret where a ClusterIssuer reads it (cert-manager's namespace).
+    (ca_issuer,) = [i for i in issuers.values() if "ca" in i["spec"]]
+    (ca,) = [c for c in certs.values() if c["spec"].get("isCA")]
+    assert ca["metadata"]["namespace"] == "cert-manager"
+    assert ca["spec"]["secretName"] == ca_issuer["spec"]["ca"]["secretName"]
+    assert "selfSigned" in issuers[ca["spec"]["issuerRef"]["name"]]["spec"]
+    # Every TLS Secret a pod mounts is a Certificate in the kvstore namespace.
+    (ns,) = by_kind("Namespace")
+    mounted = set()
+    for kind in ("Deployment", "DaemonSet"):
+        (workload,) = by_kind(kind)
+        pod = workload["spec"]["template"]["spec"]
+        mounted |= set(secret_mounts(pod, pod["containers"][0]).values())
+    by_secret = {c["spec"]["secretName"]: c for c in certs.values()
+                 if c["metadata"]["namespace"] == ns["metadata"]["name"]}
+    assert mounted - set(SECRET_KEYS) <= set(by_secret), "a mounted TLS Secret has no Certificate"
+    (cm,) = by_kind("ConfigMap")
+    for secret, var in (("kvstore-master-tls", "KVSTORE_TLS_SERVER_NAME"),
+                        ("kvstore-store-tls", "KVSTORE_STORE_TLS_SERVER_NAME")):
+        spec = by_secret[secret]["spec"]
+        assert spec["dnsNames"] == [cm["data"][var]], f"{secret} must name {var} (configmap.yaml)"
+        assert {"server auth", "client auth"} <= set(spec["usages"])
+    assert set(by_secret["kvstore-etcd-client"]["spec"]["usages"]) == {"digital signature", "client auth"}
+    # etcd's certificate names the endpoint the pods dial.
+    (etcd,) = [c for c in certs.values() if c["metadata"]["namespace"] != ns["metadata"]["name"]
+               and not c["spec"].get("isCA")]
+    assert split_address(cm["data"]["KVSTORE_ETCD"])[0] in etcd["spec"]["dnsNames"]
+
+
+def test_k8s_readme_says_how_to_make_every_secret() -> None:
+    readme = (K8S / "README.md").read_text()
+    made_by_cert_manager = {c["spec"]["secretName"] for c in cert_manager_objects()
+                            if c["kind"] == "Certificate"}
+    for kind in ("Deployment", "DaemonSet"):
+        (workload,) = by_kind(kind)
+        pod = workload["spec"]["template"]["spec"]
+        for secret in secret_mounts(pod, pod["containers"][0]).values():
+            assert f"`{secret}`" in readme, f"README.md does not mention Secret {secret}"
+            by_kubectl = re.search(rf"create secret generic (kvstore-\$s-tls|{secret})\b", readme)
+            assert secret in made_by_cert_manager or by_kubectl, secret
+            if secret not in made_by_cert_manager:
+                assert by_kubectl, f"README.md has no `kubectl create secret` for {secret}"
 
 
 # --------------------------------------------------------------------------- Grafana
