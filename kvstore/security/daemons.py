@@ -98,10 +98,11 @@ class DaemonSecurity:
 
     def channel(self, address: str, tls: bool,
                 options: list[tuple[str, Any]] | None = None) -> grpc.aio.Channel:
-        """An asyncio channel to a peer daemon (TLS if its etcd record says it serves TLS),
-        with our token on every call."""
+        """An asyncio channel to a peer daemon, with our token on every call. TLS if the
+        peer's etcd record says it serves TLS, and always when this daemon was given TLS
+        material: an etcd entry must not talk it into sending its token in the clear."""
         interceptors = [TokenInterceptor(self.token)] if self.token else None
-        if tls:
+        if tls or self.peer_tls is not None:
             peer = self.peer_tls or ClientTls()  # no --tls-ca: the system's roots
             return grpc.aio.secure_channel(address, peer.grpc_credentials(),
                                            options=(options or []) + peer.grpc_options(),
@@ -109,11 +110,11 @@ class DaemonSecurity:
         return grpc.aio.insecure_channel(address, options=options,
                                          interceptors=interceptors)  # type: ignore[arg-type]
 
-    def node_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
+    def node_interceptors(self, auth: Authenticator) -> list[grpc.aio.ServerInterceptor]:
         """For a store node's server: only node and admin tokens may call."""
-        if self.access is None:
+        if auth.access is None:
             return []
-        return [RoleInterceptor(Authenticator(self.access), {Role.NODE, Role.ADMIN})]
+        return [RoleInterceptor(auth, {Role.NODE, Role.ADMIN})]
 
 
 class TokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]

@@ -71,6 +71,9 @@ def make_ca_and_cert(out: Path, names: list[str], days: int = 825) -> tuple[Path
         .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        # Key identifiers: Python >= 3.13 verifies strictly (VERIFY_X509_STRICT) and
+        # refuses a chain without them.
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False),
                        critical=True)
         .sign(ca_key, hashes.SHA256())
@@ -89,6 +92,9 @@ def make_ca_and_cert(out: Path, names: list[str], days: int = 825) -> tuple[Path
         .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                       critical=False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
                                               ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
         .sign(ca_key, hashes.SHA256())

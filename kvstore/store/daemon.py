@@ -29,6 +29,7 @@ import grpc
 from kvstore.coord.etcd import Etcd
 from kvstore.coord.layout import Layout, MasterRecord, NodeRecord
 from kvstore.errors import InvalidArgument, KVStoreError
+from kvstore.security.access import AccessList, Authenticator
 from kvstore.security.daemons import DaemonSecurity
 from kvstore.store.inventory import Inventory
 from kvstore.store.segment import DramSegment, boot_id
@@ -79,6 +80,7 @@ class StoreDaemon:
         self.server: grpc.aio.Server | None = None
         self.service_address = ""
         self.security = opts.security or DaemonSecurity()
+        self.auth = Authenticator(self.security.access)
 
     def _record(self) -> NodeRecord:
         assert self.segment is not None and self.transfer is not None
@@ -96,6 +98,7 @@ class StoreDaemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self.reload_access)
         self.security.check_exposure(self.opts.listen or f"{self.opts.host}:0")
         await self.etcd.connect()
         if self.opts.ssd_dir:
@@ -123,6 +126,21 @@ class StoreDaemon:
         await self._leave()
         return 0
 
+    def reload_access(self) -> None:
+        """SIGHUP: read the access file again (e.g. a rotated node token)."""
+        access = self.security.access
+        if access is None or not access.source:
+            log.warning("SIGHUP: no --auth-file to reload")
+            return
+        try:
+            fresh = AccessList.load(access.source)
+        except KVStoreError as exc:
+            log.error("SIGHUP: keeping the old access file: %s", exc.message)
+            return
+        self.auth.access = fresh
+        self.auth.forget()
+        log.info("access file %s reloaded: %d token(s)", access.source, len(fresh.principals))
+
     def _open_ssd(self) -> None:
         if self.opts.ssd <= 0:
             raise InvalidArgument("--ssd-dir needs --ssd SIZE (the tier's cap on disk, e.g. 100GiB)")
@@ -139,7 +157,7 @@ class StoreDaemon:
         assert self.segment is not None
         self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
                                                ("grpc.max_send_message_length", 256 << 20)],
-                                      interceptors=self.security.node_interceptors())
+                                      interceptors=self.security.node_interceptors(self.auth))
         service = StoreNodeService(self.node_id, self.inventory, self.segment, self.ssd,
                                    self.counters)
         spbg.add_StoreNodeServicer_to_server(service, self.server)
@@ -165,8 +183,11 @@ class StoreDaemon:
                 await asyncio.sleep(1.0)
                 continue
             log.info("node %s announced in etcd (lease %x)", self.node_id, self.lease_id)
+            # Only etcd's word ends the lease (confirm_loss): etcd restores leases when it
+            # restarts, and clearing the inventory during an outage would cost the next
+            # leader the whole cache.
             await self.etcd.keep_alive(self.lease_id, self.opts.etcd_lease_ttl,
-                                       self._lease_lost.set)
+                                       self._lease_lost.set, confirm_loss=True)
             # The master dropped our replicas when the lease ended; so do we, or a later
             # leader would adopt ranges it has since handed out again.
             self.inventory.clear()

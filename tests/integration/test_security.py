@@ -258,6 +258,14 @@ def test_sighup_reloads_the_access_file(secure: Secure) -> None:
             time.sleep(0.1)
     with secure.client("alice") as a:
         assert a.exists([b"x"]) == [False]
+    # a store node reloads on SIGHUP too (and keeps running)
+    store = secure.c.stores[0]
+    store.popen.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while "reloaded" not in store.log.read_text():
+        assert time.monotonic() < deadline, "the store node did not reload its access file"
+        time.sleep(0.1)
+    assert store.alive()
 
 
 def test_daemons_refuse_to_listen_in_the_open(cluster_factory: Cluster) -> None:

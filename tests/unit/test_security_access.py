@@ -138,3 +138,36 @@ def test_token_new_prints_a_token_its_entry_admits(capsys: pytest.CaptureFixture
     assert acl.authenticate(token).tenant == "team-a"
     assert token not in json.dumps(entry)
     assert main(["token", "new", "--name", "n", "--role", "node", "--tenant", "x"]) == 2
+
+
+def test_dev_certificates_pass_strict_verification(tmp_path: Path) -> None:
+    """Python >= 3.13 verifies with VERIFY_X509_STRICT by default: the dev CA's chain must
+    carry key identifiers, or `kvstore up` would refuse its own clients there."""
+    import socket
+    import ssl
+    import threading
+
+    from kvstore.security.devca import make_ca_and_cert
+    from kvstore.security.tls import ClientTls, ServerTls
+
+    ca, cert, key = make_ca_and_cert(tmp_path, ["127.0.0.1", "localhost"])
+    server_ctx = ServerTls(str(cert), str(key)).ssl_context()
+    client_ctx = ClientTls(str(ca)).ssl_context()
+    client_ctx.verify_flags |= ssl.VERIFY_X509_STRICT
+    a, b = socket.socketpair()
+    errors: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            with server_ctx.wrap_socket(a, server_side=True) as s:
+                s.sendall(s.recv(5))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=serve)
+    t.start()
+    with client_ctx.wrap_socket(b, server_hostname="localhost") as c:
+        c.sendall(b"hello")
+        assert c.recv(5) == b"hello"
+    t.join(5)
+    assert not errors
