@@ -186,7 +186,8 @@ class Etcd:
         return 0
 
     async def keep_alive(self, lease_id: int, ttl: int, on_lost: Callable[[], None],
-                         on_refresh: Callable[[float], None] | None = None) -> None:
+                         on_refresh: Callable[[float], None] | None = None,
+                         confirm_loss: bool = False) -> None:
         """Refresh `lease_id` every ttl/3 s until cancelled; call `on_lost` once if it dies.
 
         Runs as its own task so that it never waits behind bulk work on the same loop
@@ -194,6 +195,11 @@ class Etcd:
         until the lease's own deadline has passed: only then is the lease really gone.
         `on_refresh(deadline)` gets a conservative local deadline (loop time) after each
         refresh: counted from when the refresh was sent, so it ends before etcd's does.
+
+        With `confirm_loss`, an unreachable etcd never ends the lease: refreshes go on
+        until etcd answers, and `on_lost` runs only when it says the lease is gone. etcd
+        restores leases when it restarts, so a store node that outlived an etcd outage
+        still holds what the master (and its next leader) thinks it holds.
         """
         loop = asyncio.get_running_loop()
         interval = max(ttl / 3.0, 0.2)
@@ -205,7 +211,7 @@ class Etcd:
                 remaining = await self.refresh(lease_id)
             except (TimeoutError, grpc.aio.AioRpcError, Unavailable) as exc:
                 log.warning("etcd lease %x keepalive failed: %s", lease_id, _reason(exc))
-                if loop.time() >= deadline:
+                if loop.time() >= deadline and not confirm_loss:
                     on_lost()
                     return
                 continue
