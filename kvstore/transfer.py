@@ -11,6 +11,8 @@ RDMA hardware pass `protocol="rdma"` and the NIC name as `device`.
 from __future__ import annotations
 
 import logging
+import math
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -20,6 +22,13 @@ from kvstore.errors import InvalidArgument, Unavailable
 log = logging.getLogger(__name__)
 
 PROTOCOLS = ("tcp", "rdma")
+
+# The engine reads its transfer timeout (whole seconds; 30 when unset) from this variable
+# when it is constructed, and bounds every batch by it. A peer that stops answering (a
+# frozen process, a cut link) would otherwise hold a client call for 30 s, whatever
+# timeout the client was given.
+TIMEOUT_ENV = "MC_TRANSFER_TIMEOUT"
+_env_lock = threading.Lock()
 
 
 def _engine_class() -> Any:
@@ -37,11 +46,23 @@ def _engine_class() -> Any:
 class Transfer:
     """One Transfer Engine instance: registered memory plus batch read/write."""
 
-    def __init__(self, host: str = "127.0.0.1", protocol: str = "tcp", device: str = "") -> None:
+    def __init__(self, host: str = "127.0.0.1", protocol: str = "tcp", device: str = "",
+                 timeout: float | None = None) -> None:
+        """`timeout`: seconds after which a batch that has not finished fails (rounded up
+        to whole seconds; the engine's default of 30 s if None or if MC_TRANSFER_TIMEOUT
+        is set in the environment)."""
         if protocol not in PROTOCOLS:
             raise InvalidArgument(f"unknown transfer protocol {protocol!r}; use one of {PROTOCOLS}")
-        self._engine = _engine_class()()
-        rc = self._engine.initialize(host, "P2PHANDSHAKE", protocol, device)
+        with _env_lock:
+            given = os.environ.get(TIMEOUT_ENV)
+            if timeout is not None and given is None:
+                os.environ[TIMEOUT_ENV] = str(max(1, math.ceil(timeout)))
+            try:
+                self._engine = _engine_class()()
+                rc = self._engine.initialize(host, "P2PHANDSHAKE", protocol, device)
+            finally:
+                if given is None:
+                    os.environ.pop(TIMEOUT_ENV, None)
         if rc != 0:
             raise Unavailable(
                 f"the Transfer Engine failed to start ({protocol} on {host}, rc={rc}); "

@@ -75,7 +75,8 @@ class AsyncKVStoreClient:
         self.master_address = ""  # where control calls go (the fast or the gRPC address)
         self._epoch = 0
         self._state = ClientState.build(None if master else etcd, self._layout, buffer_size,
-                                        host, protocol, device, same_host, replicas)
+                                        host, protocol, device, same_host, replicas,
+                                        timeout=timeout)
         self._staging_turn = asyncio.Lock()
         self._background: set[asyncio.Task[Any]] = set()
 

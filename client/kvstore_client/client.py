@@ -75,7 +75,8 @@ class KVStoreClient:
         self._epoch = 0  # the newest leader epoch seen; older replies are refused
         self._connect()
         self._state = ClientState.build(None if master else etcd, self._layout, buffer_size,
-                                        host, protocol, device, same_host, replicas)
+                                        host, protocol, device, same_host, replicas,
+                                        timeout=timeout)
 
     @property
     def stats(self) -> ClientStats:

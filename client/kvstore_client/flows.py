@@ -151,9 +151,11 @@ class ClientState:
 
     @classmethod
     def build(cls, etcd: str | None, layout: Layout, buffer_size: int, host: str, protocol: str,
-              device: str, same_host: bool, replicas: int) -> ClientState:
-        """A client's data side: its Transfer Engine, staging buffer and local maps."""
-        transfer = Transfer(host, protocol, device)
+              device: str, same_host: bool, replicas: int,
+              timeout: float | None = None) -> ClientState:
+        """A client's data side: its Transfer Engine, staging buffer and local maps.
+        `timeout` bounds each transfer batch (a peer that stopped answering)."""
+        transfer = Transfer(host, protocol, device, timeout=timeout)
         return cls(transfer, Staging(transfer, buffer_size),
                    LocalSegments(etcd, layout, enabled=same_host), uuid.uuid4().hex, replicas)
 
