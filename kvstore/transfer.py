@@ -75,6 +75,11 @@ class Transfer:
         # The engine's Python binding is not documented as thread-safe for concurrent
         # batches on one instance; the async client calls from worker threads.
         self._lock = threading.Lock()
+        self.timeout = timeout
+        # Segments whose handshake port answered a probe since their last failed batch,
+        # and probes still waiting for an answer (segment -> [rc] once answered).
+        self._answered: set[str] = set()
+        self._probes: dict[str, tuple[threading.Thread, list[int]]] = {}
 
     def register(self, addr: int, length: int) -> None:
         if addr in self._registered:
@@ -89,12 +94,44 @@ class Transfer:
         if self._registered.pop(addr, None) is not None:
             self._engine.unregister_memory(addr)
 
+    def _check_reachable(self, segment: str) -> None:
+        """Before a batch to a segment not known to answer: probe its handshake port,
+        waiting at most `timeout`.
+
+        The engine's first batch to a segment (and its first after a failure) fetches the
+        segment's description over a socket that waits up to 60 s for an answer, which
+        MC_TRANSFER_TIMEOUT does not bound: a frozen or cut-off node would hold the caller
+        that long. A probe that does not answer in time is left to finish on its own (it
+        touches no buffer of ours) and the batch fails; until it finishes, later batches
+        to that segment fail at once instead of waiting again."""
+        if self.timeout is None or segment in self._answered:
+            return
+        probe = self._probes.get(segment)
+        if probe is None:
+            answer: list[int] = []
+            thread = threading.Thread(target=lambda: answer.append(self._engine.send_probe(segment)),
+                                      name=f"te-probe-{segment}", daemon=True)
+            thread.start()
+            probe = self._probes[segment] = (thread, answer)
+            thread.join(self.timeout)
+        if probe[0].is_alive():
+            raise Unavailable(f"store node {segment} did not answer the Transfer Engine "
+                              f"handshake within {self.timeout:g} s; it may be frozen or cut off")
+        del self._probes[segment]
+        if probe[1] != [0]:
+            raise Unavailable(f"store node {segment} refused the Transfer Engine handshake "
+                              f"(rc={probe[1][0] if probe[1] else '?'}); the node may be down")
+        self._answered.add(segment)
+
     def write(self, segment: str, local: Sequence[int], remote: Sequence[int],
               lengths: Sequence[int]) -> None:
         """Copy local[i] -> remote[i] on `segment`; all or nothing from the caller's view."""
         with self._lock:
+            self._check_reachable(segment)
             rc = self._engine.batch_transfer_sync_write(segment, list(local), list(remote),
                                                         list(lengths))
+            if rc != 0:
+                self._answered.discard(segment)
         if rc != 0:
             raise Unavailable(f"writing {len(lengths)} object(s) to store node {segment} "
                               f"failed (rc={rc}); the node may be down")
@@ -102,8 +139,11 @@ class Transfer:
     def read(self, segment: str, local: Sequence[int], remote: Sequence[int],
              lengths: Sequence[int]) -> None:
         with self._lock:
+            self._check_reachable(segment)
             rc = self._engine.batch_transfer_sync_read(segment, list(local), list(remote),
                                                        list(lengths))
+            if rc != 0:
+                self._answered.discard(segment)
         if rc != 0:
             raise Unavailable(f"reading {len(lengths)} object(s) from store node {segment} "
                               f"failed (rc={rc}); the node may be down")

@@ -1,15 +1,19 @@
 """The Transfer Engine gets the client's timeout (MC_TRANSFER_TIMEOUT, read when it is
 constructed): a store node that stops answering fails a transfer at the client's timeout
-instead of the engine's default 30 s."""
+instead of the engine's default 30 s; a first contact (the engine's handshake, 60 s in
+Mooncake) is bounded by the same timeout through a probe."""
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 from typing import Any
 
 import pytest
 
 import kvstore.transfer
+from kvstore.errors import Unavailable
 from kvstore.transfer import TIMEOUT_ENV, Transfer
 
 
@@ -52,3 +56,45 @@ def test_an_operator_setting_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     Transfer(timeout=5)
     assert FakeEngine.seen == ["60", "60"]
     assert os.environ[TIMEOUT_ENV] == "60"
+
+
+class SlowPeerEngine(FakeEngine):
+    """A peer whose handshake port answers only once `answer` is set."""
+
+    answer = threading.Event()
+    probes = 0
+    batches = 0
+
+    def send_probe(self, segment: str) -> int:
+        SlowPeerEngine.probes += 1
+        SlowPeerEngine.answer.wait(10)
+        return 0
+
+    def batch_transfer_sync_read(self, *args: Any) -> int:
+        SlowPeerEngine.batches += 1
+        return 0
+
+
+def test_a_peer_that_does_not_answer_the_handshake_fails_the_batch_at_the_timeout(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kvstore.transfer, "_engine_class", lambda: SlowPeerEngine)
+    SlowPeerEngine.answer.clear()
+    t = Transfer(timeout=0.3)
+    t0 = time.monotonic()
+    with pytest.raises(Unavailable, match="did not answer"):
+        t.read("10.0.0.9:1234", [1], [2], [3])
+    assert 0.3 <= time.monotonic() - t0 < 2.0
+    t0 = time.monotonic()
+    with pytest.raises(Unavailable, match="did not answer"):  # at once: the probe is pending
+        t.read("10.0.0.9:1234", [1], [2], [3])
+    assert time.monotonic() - t0 < 0.1
+    SlowPeerEngine.answer.set()  # the node answers again
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            t.read("10.0.0.9:1234", [1], [2], [3])
+            break
+        except Unavailable:
+            time.sleep(0.05)
+    t.read("10.0.0.9:1234", [1], [2], [3])
+    assert SlowPeerEngine.batches == 2 and SlowPeerEngine.probes == 1  # probed once, then known
