@@ -2,9 +2,12 @@
 
     python -m bench.vs_mooncake [--sizes 64KiB,1MiB,4MiB] [--iters 200] [--batch 32]
                                 [--rounds 0] [--quick] [--json out.json] [--plot out.png]
+                                [--phases] [--profile DIR] [--no-mooncake]
 
-Re-executes itself in a private network namespace (loopback only; needs root). Then,
-one system at a time so that neither's idle processes take CPU from the other:
+Re-executes itself in a private network namespace (loopback only; needs root). Both
+systems are started, then measured in turn, one object size at a time (who goes first
+alternates from size to size), so that on a shared, noisy machine both see the same
+background load; the idle processes of either cost the other next to nothing:
 
 - ours: etcd + our master + one store node (--dram, default 2 GiB) and a client in
   another process, `KVStoreClient(etcd=...)`, in two configurations:
@@ -39,6 +42,7 @@ checksum our client computes on every put and verifies on every get.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import inspect
 import json
@@ -140,6 +144,88 @@ class Slots:
     def dst_view(self, i: int) -> memoryview:
         lo = (self.batch + i) * self.size
         return self.buf.data[lo:lo + self.size]
+
+
+class Phases:
+    """Where our client's time goes (--phases): exclusive wall time per phase, measured by
+    wrapping the client's internals in the benchmark process only. A phase nested in
+    another (a checksum inside a transfer step) counts for the inner one alone; time in
+    other threads is prefixed "bg:" and overlaps the caller's. What no wrapper covers
+    (argument checks, plans, staging copies, bytes objects) is "other" = call - sum."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.acc: dict[str, float] = {}
+        self._local = threading.local()
+        self._main = threading.get_ident()
+
+    def _enter(self, name: str) -> None:
+        import threading
+
+        now = time.perf_counter()
+        stack = self._local.__dict__.setdefault("stack", [])
+        if stack:
+            top = stack[-1]
+            self.acc[top[0]] = self.acc.get(top[0], 0.0) + now - top[1]
+        if threading.get_ident() != self._main:
+            name = "bg:" + name
+        stack.append([name, now])
+
+    def _exit(self) -> None:
+        now = time.perf_counter()
+        stack = self._local.stack
+        name, t0 = stack.pop()
+        self.acc[name] = self.acc.get(name, 0.0) + now - t0
+        if stack:
+            stack[-1][1] = now
+
+    def wrap(self, obj: Any, attr: str, name: Any) -> None:
+        """Time obj.attr(...) as phase `name` (a string, or a function of the arguments)."""
+        orig = getattr(obj, attr)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            self._enter(name if isinstance(name, str) else name(*args))
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                self._exit()
+
+        setattr(obj, attr, timed)
+
+    def install(self, client: Any) -> None:
+        from kvstore_client import flows
+
+        self.wrap(client, "_call", lambda method, _req: f"rpc {method}")
+        self.wrap(client, "_release_async", "release (one-way)")
+        for attr, name in PHASE_POINTS:
+            if hasattr(flows, attr):
+                self.wrap(flows, attr, name)
+            elif hasattr(client._state, attr):
+                self.wrap(client._state, attr, name)
+
+    def snapshot(self) -> dict[str, float]:
+        return dict(self.acc)
+
+    @staticmethod
+    def per_call(before: dict[str, float], after: dict[str, float], calls: int,
+                 total: float) -> dict[str, float]:
+        """Seconds per call by phase between two snapshots, plus "other" and "call"."""
+        out = {k: (v - before.get(k, 0.0)) / calls for k, v in after.items()
+               if v - before.get(k, 0.0) > 0}
+        out["other"] = max(0.0, total / calls - sum(v for k, v in out.items()
+                                                    if not k.startswith("bg:")))
+        out["call"] = total / calls
+        return out
+
+
+# Our client's internals that --phases times: (flows function or ClientState method, phase).
+PHASE_POINTS = [
+    ("run_transfers", "transfer"),  # the client before pipelining had only this step
+    ("start_transfers", "transfer submit"),
+    ("finish_transfers", "transfer wait"),
+    ("checksum", "checksum"),
+]
 
 
 class OursBytesApi(Api):
@@ -299,29 +385,61 @@ def measure(api: Api, size: int, iters: int, batch: int, rounds: int, tag: str) 
         _check(data, value, "warm-up get_many")
     api.remove(warm)
 
+    ph: Phases | None = getattr(api, "phases", None)
+    marks: dict[str, dict[str, float]] = {}
+
+    def mark(name: str) -> None:
+        if ph is not None:
+            marks[name] = ph.snapshot()
+
+    def phases_of(op: str, samples: list[float]) -> dict[str, float]:
+        assert ph is not None
+        return Phases.per_call(marks[op], marks[op + " end"], len(samples), sum(samples))
+
     put_lat: list[float] = []
     get_lat: list[float] = []
-    for part in chunks([f"{tag}-s{i}" for i in range(iters)], size):
+    single = [f"{tag}-s{i}" for i in range(iters)]
+    # Phases of single ops are only taken when one chunk holds them all (no removes
+    # in between to blur them).
+    one_chunk = len(list(chunks(single, size))) == 1
+    for part in chunks(single, size):
+        mark("put")
         for k in part:
             t0 = clock()
             api.put(k)
             put_lat.append(clock() - t0)
+        mark("put end")
+        mark("get")
         for j, k in enumerate(part):
             t0 = clock()
             data = api.get(k)
             get_lat.append(clock() - t0)
             if j == 0 or data is None:
                 _check(data, value, f"get {k}")
+        mark("get end")
         api.remove(list(part))
 
     put_t: list[float] = []
     get_t: list[float] = []
     all_rounds = [[f"{tag}-b{r}-{i}" for i in range(batch)] for r in range(rounds)]
+    phase_sums: dict[str, dict[str, float]] = {"batch put": {}, "batch get": {}}
+
+    def add_phases(op: str, samples: list[float]) -> None:
+        if ph is not None:
+            for k, v in phases_of(op, samples).items():
+                phase_sums[op][k] = phase_sums[op].get(k, 0.0) + v * len(samples)
+
     for part in chunks(all_rounds, size * batch):
+        mark("batch put")
+        n0 = len(put_t)
         for keys in part:
             t0 = clock()
             api.put_many(keys)
             put_t.append(clock() - t0)
+        mark("batch put end")
+        add_phases("batch put", put_t[n0:])
+        mark("batch get")
+        n0 = len(get_t)
         for keys in part:
             t0 = clock()
             out = api.get_many(keys)
@@ -329,9 +447,19 @@ def measure(api: Api, size: int, iters: int, batch: int, rounds: int, tag: str) 
             if any(d is None for d in out):
                 raise RuntimeError(f"get_many: {sum(d is None for d in out)} of {batch} missing")
             _check(out[0], value, "get_many")
+        mark("batch get end")
+        add_phases("batch get", get_t[n0:])
         api.remove([k for keys in part for k in keys])
     nbytes = size * batch * rounds
+    phases: dict[str, dict[str, float]] = {}
+    if ph is not None:
+        if one_chunk:
+            phases["put"] = phases_of("put", put_lat)
+            phases["get"] = phases_of("get", get_lat)
+        phases["batch put"] = {k: v / rounds for k, v in phase_sums["batch put"].items()}
+        phases["batch get"] = {k: v / rounds for k, v in phase_sums["batch get"].items()}
     return {
+        "phases": phases,
         "system": api.system, "api": api.api, "size": size, "iters": iters, "batch": batch,
         "rounds": rounds,
         "local_transfers": api.local_transfers(),
@@ -371,9 +499,15 @@ def run_worker(args: argparse.Namespace) -> int:
             for system, extra in modes:
                 client = KVStoreClient(etcd=endpoint["etcd"], buffer_size=buffer, **extra)
                 clients.append(client)
-                apis.append(OursBytesApi(client, system))
+                mine: list[Api] = [OursBytesApi(client, system)]
                 if hasattr(client, "put_from") and hasattr(client, "get_into"):
-                    apis.append(OursRegisteredApi(client, system, args.batch, max_size))
+                    mine.append(OursRegisteredApi(client, system, args.batch, max_size))
+                if args.phases:
+                    timer = Phases()
+                    timer.install(client)
+                    for api in mine:
+                        api.phases = timer  # type: ignore[attr-defined]
+                apis += mine
         else:
             from bench.clusters import MooncakeCluster, mooncake_client
 
@@ -382,21 +516,77 @@ def run_worker(args: argparse.Namespace) -> int:
             store = mooncake_client(mc, staging_bytes(sizes, args.batch))
             clients.append(store)
             apis = [MooncakeBytesApi(store), MooncakeRegisteredApi(store, args.batch, max_size)]
+        # One size at a time, when the orchestrator asks (a JSON line on stdin), so that
+        # both systems are measured in alternation, each under the same background load.
+        print(READY, flush=True)
+        for line in sys.stdin:
+            size = int(json.loads(line)["size"])
+            if profiler:
+                profiler.enable()
+            part = [measure(api, size, args.iters, args.batch,
+                            auto_rounds(args.rounds, size, args.batch),
+                            tag=f"{api.system}-{api.api}-{size}") for api in apis]
+            if profiler:
+                profiler.disable()
+            results += part
+            print(RESULT + json.dumps(part), flush=True)
         if profiler:
-            profiler.enable()
-        for size in sizes:
-            for api in apis:
-                rounds = auto_rounds(args.rounds, size, args.batch)
-                results.append(measure(api, size, args.iters, args.batch, rounds,
-                                       tag=f"{api.system}-{api.api}-{size}"))
-        if profiler:
-            profiler.disable()
             profiler.dump_stats(str(Path(args.profile) / f"{args.worker}.pstats"))
     finally:
         for c in clients:
             c.close()
     Path(args.out).write_text(json.dumps(results))
     return 0
+
+
+READY, RESULT = "vs_mooncake worker ready", "vs_mooncake result "
+
+
+class Worker:
+    """A benchmark client process that measures one size whenever asked."""
+
+    def __init__(self, name: str, cmd: list[str], log: Path) -> None:
+        from bench.clusters import MOONCAKE_ENV
+
+        self.name, self.log = name, log
+        self._log = open(log, "ab")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self._log, env={**os.environ, **MOONCAKE_ENV},
+                                     text=True)
+        self._read_until(READY)
+
+    def _read_until(self, prefix: str) -> str:
+        from bench.clusters import log_tail
+
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(prefix):
+                return line[len(prefix):]
+            self._log.write(line.encode())
+        self._log.flush()
+        raise RuntimeError(f"benchmark client {self.name} exited with {self.proc.wait()}\n"
+                           f"{log_tail(self.log)}")
+
+    def measure(self, size: int) -> list[dict[str, Any]]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"size": size}) + "\n")
+        self.proc.stdin.flush()
+        result: list[dict[str, Any]] = json.loads(self._read_until(RESULT))
+        return result
+
+    def close(self) -> None:
+        from bench.clusters import uninterrupted
+
+        with uninterrupted():
+            try:
+                if self.proc.stdin is not None:
+                    self.proc.stdin.close()
+                self.proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+            finally:
+                self._log.close()
 
 
 # -- the orchestrator ---------------------------------------------------------------------
@@ -459,6 +649,22 @@ def build_rows(results: list[dict[str, Any]]) -> list[Row]:
                       for s in (TE, SHM) if s in values}
             rows.append(Row(size, name, unit, values, apis, ratios))
     return rows
+
+
+def render_phases(results: list[dict[str, Any]]) -> str:
+    """Per size, configuration, API and operation: ms per call, by phase (--phases)."""
+    lines = ["our client, ms per call by phase (exclusive; bg: = in another thread, "
+             "overlapped; other = the call minus the phases):"]
+    for r in results:
+        for op, parts in r.get("phases", {}).items():
+            if not parts:
+                continue
+            label = (f"{format_size(r['size']).replace('.0 ', ' ')} {r['system']} "
+                     f"{r['api']} {op}:")
+            body = ", ".join(f"{k} {v * 1e3:.3f}" for k, v in sorted(
+                parts.items(), key=lambda kv: -kv[1]) if k != "call")
+            lines.append(f"  {label:<30} {parts['call'] * 1e3:8.3f} = {body}")
+    return "\n".join(lines)
 
 
 def render(rows: list[Row]) -> str:
@@ -531,26 +737,9 @@ def _worker_cmd(args: argparse.Namespace, system: str, endpoint: dict[str, str],
            "--batch", str(args.batch), "--rounds", str(args.rounds)]
     if args.profile:
         cmd += ["--profile", args.profile]
+    if args.phases:
+        cmd += ["--phases"]
     return cmd
-
-
-def _run_worker_process(cmd: list[str], log: Path, out: Path) -> list[dict[str, Any]]:
-    from bench.clusters import MOONCAKE_ENV, log_tail, uninterrupted
-
-    with open(log, "ab") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT,
-                                env={**os.environ, **MOONCAKE_ENV})
-        try:
-            rc = proc.wait(timeout=900)
-        finally:
-            with uninterrupted():
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-    if rc != 0 or not out.exists():
-        raise RuntimeError(f"benchmark client exited with {rc}\n{log_tail(log)}")
-    result: list[dict[str, Any]] = json.loads(out.read_text())
-    return result
 
 
 def orchestrate(args: argparse.Namespace) -> int:
@@ -562,26 +751,41 @@ def orchestrate(args: argparse.Namespace) -> int:
     dram = parse_size(args.dram)
     tmp = Path(tempfile.mkdtemp(prefix="kvstore-vs-mooncake-"))
     t_start = time.monotonic()
+    load_start = os.getloadavg()[0]
     try:
         print(f"sizes {args.sizes}, {args.iters} single ops, batches of {args.batch}, "
               f"rounds {[auto_rounds(args.rounds, s, args.batch) for s in sizes]}; "
               f"logs in {tmp}", flush=True)
-        with ours(tmp, dram=args.dram) as oc:
-            print("kvstore cluster up; measuring ...", flush=True)
-            ours_res = _run_worker_process(_worker_cmd(args, "ours", {"etcd": oc.etcd},
-                                                       tmp / "ours.json"),
-                                           tmp / "client-ours.log", tmp / "ours.json")
-        with mooncake(tmp, dram) as mc:
-            print("Mooncake store up; measuring ...", flush=True)
-            mc_res = _run_worker_process(
-                _worker_cmd(args, "mooncake", {"master": mc.master, "metadata": mc.metadata},
-                            tmp / "mooncake.json"),
-                tmp / "client-mooncake.log", tmp / "mooncake.json")
+        ours_res: list[dict[str, Any]] = []
+        mc_res: list[dict[str, Any]] = []
+        with contextlib.ExitStack() as stack:
+            oc = stack.enter_context(ours(tmp, dram=args.dram))
+            workers = [stack.enter_context(contextlib.closing(Worker(
+                "ours", _worker_cmd(args, "ours", {"etcd": oc.etcd}, tmp / "ours.json"),
+                tmp / "client-ours.log")))]
+            if not args.no_mooncake:
+                mc = stack.enter_context(mooncake(tmp, dram))
+                workers.append(stack.enter_context(contextlib.closing(Worker(
+                    "mooncake", _worker_cmd(args, "mooncake",
+                                            {"master": mc.master, "metadata": mc.metadata},
+                                            tmp / "mooncake.json"),
+                    tmp / "client-mooncake.log"))))
+            print("both systems up; measuring them in turn, one size at a time ...",
+                  flush=True)
+            for k, size in enumerate(sizes):
+                # alternate who goes first, so neither always follows the other
+                for w in workers if k % 2 == 0 else workers[::-1]:
+                    (ours_res if w.name == "ours" else mc_res).extend(w.measure(size))
         rows = build_rows(ours_res + mc_res)
         print()
         print(render(rows))
+        print(f"\nload average (1 min) at start {load_start:.2f}, at end {os.getloadavg()[0]:.2f} "
+              f"on {os.cpu_count()} CPUs")
         for warning in path_warnings(ours_res):
             print(f"WARNING: {warning}")
+        if args.phases:
+            print()
+            print(render_phases(ours_res))
         print(f"\n(total {time.monotonic() - t_start:.0f} s)")
         if args.json:
             Path(args.json).write_text(json.dumps({
@@ -623,6 +827,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write rows and raw results here")
     p.add_argument("--plot", help="write a bar chart of the ratios here (matplotlib)")
     p.add_argument("--profile", help="cProfile both clients; pstats files go in this directory")
+    p.add_argument("--no-mooncake", action="store_true",
+                   help="measure kvstore only (no ratios; for profiling our client)")
+    p.add_argument("--phases", action="store_true",
+                   help="time our client's phases (control calls, transfer, checksum, ...) "
+                        "and print ms per call; adds a little overhead to our figures")
     p.add_argument("--keep-logs", action="store_true", help="keep the temporary log directory")
     # Internal: the client process.
     p.add_argument("--worker", choices=["ours", "mooncake"], help=argparse.SUPPRESS)

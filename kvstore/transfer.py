@@ -80,6 +80,7 @@ class Transfer:
         # and probes still waiting for an answer (segment -> [rc] once answered).
         self._answered: set[str] = set()
         self._probes: dict[str, tuple[threading.Thread, list[int]]] = {}
+        self._moving: dict[int, str] = {}  # started transfer id -> its segment
 
     def register(self, addr: int, length: int) -> None:
         if addr in self._registered:
@@ -148,6 +149,49 @@ class Transfer:
             raise Unavailable(f"reading {len(lengths)} object(s) from store node {segment} "
                               f"failed (rc={rc}); the node may be down")
 
+    # -- asynchronous transfers ----------------------------------------------------------
+
+    def ready(self, segment: str) -> bool:
+        """Whether a transfer to `segment` can start without waiting for a probe."""
+        return self.timeout is None or segment in self._answered
+
+    def start(self, segment: str, local: int, remote: int, length: int, write: bool) -> int:
+        """Submit one transfer without waiting for it; its id for `status`. Raises
+        Unavailable if the node does not answer (see _check_reachable) or the engine
+        refuses the transfer."""
+        with self._lock:
+            self._check_reachable(segment)
+            if write:
+                tid = self._engine.batch_transfer_async_write(segment, [local], [remote], [length])
+            else:
+                tid = self._engine.batch_transfer_async_read(segment, [local], [remote], [length])
+            if tid <= 0:
+                self._answered.discard(segment)
+            else:
+                self._moving[tid] = segment
+        if tid <= 0:
+            raise Unavailable(f"{'writing to' if write else 'reading from'} store node "
+                              f"{segment} failed at submission; the node may be down")
+        return int(tid)
+
+    def status(self, tid: int) -> int:
+        """Of a started transfer: 1 done, -1 failed, 0 still moving. Never blocks; once
+        it said 1 or -1, the id is no longer valid."""
+        with self._lock:
+            st = self._engine.transfer_check_status(tid)
+            if st == 1 or (st < 0 and st != _TIMED_OUT):
+                segment = self._moving.pop(tid, "")
+                if st != 1:
+                    self._answered.discard(segment)
+                    return -1
+                return 1
+        return 0
+
     def close(self) -> None:
         for addr in list(self._registered):
             self.unregister(addr)
+
+
+# transfer_check_status says -2 for a transport-level timeout and keeps the id; the
+# caller's own deadline decides.
+_TIMED_OUT = -2

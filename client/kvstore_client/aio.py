@@ -33,7 +33,19 @@ from kvstore_client.control import (
     timed_out,
     unreachable_fast,
 )
-from kvstore_client.flows import ClientState, ClientStats, Flow, Lease, Move, Release, Rpc, Wait
+from kvstore_client.flows import (
+    ClientState,
+    ClientStats,
+    Finish,
+    Flow,
+    Lease,
+    Move,
+    Release,
+    Rpc,
+    Start,
+    Ticket,
+    Wait,
+)
 
 T = TypeVar("T")
 
@@ -156,24 +168,43 @@ class AsyncKVStoreClient:
     async def _run(self, flow: Flow[T]) -> T:
         value: Any = None
         error: BaseException | None = None
-        while True:
-            try:
-                step = flow.throw(error) if error is not None else flow.send(value)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            value, error = None, None
-            try:
-                if isinstance(step, Rpc):
-                    value = await self._call(step.method, step.request)
-                elif isinstance(step, Move):
-                    value = await asyncio.to_thread(self._state.run_transfers, step.plan,
-                                                    step.write)
-                elif isinstance(step, Release):
-                    self._release_later(step.lease_id)
-                elif isinstance(step, Wait):
-                    await asyncio.sleep(step.seconds)
-            except KVStoreError as exc:
-                error = exc
+        started: list[Ticket] = []
+        state = self._state
+        try:
+            while True:
+                try:
+                    step = flow.throw(error) if error is not None else flow.send(value)
+                except StopIteration as done:
+                    return done.value  # type: ignore[no-any-return]
+                value, error = None, None
+                try:
+                    if isinstance(step, Rpc):
+                        value = await self._call(step.method, step.request)
+                    elif isinstance(step, Start):
+                        # Submitting is quick, unless a node is new (etcd, a probe).
+                        if state.resolved(step.plan):
+                            value = state.start_transfers(step.plan, step.write, step.dead)
+                        else:
+                            value = await asyncio.to_thread(state.start_transfers, step.plan,
+                                                            step.write, step.dead)
+                        started.append(value)
+                    elif isinstance(step, Finish):
+                        value = await asyncio.to_thread(state.finish_transfers, step.ticket)
+                    elif isinstance(step, Move):
+                        value = await asyncio.to_thread(state.run_transfers, step.plan,
+                                                        step.write)
+                    elif isinstance(step, Release):
+                        self._release_later(step.lease_id)
+                    elif isinstance(step, Wait):
+                        await asyncio.sleep(step.seconds)
+                except KVStoreError as exc:
+                    error = exc
+        finally:
+            # Whatever ended the flow (cancellation too), nothing it started may still be
+            # moving bytes: wait for it in a worker thread.
+            left = [t for t in started if not t.done]
+            if left:
+                await asyncio.to_thread(lambda: [state.finish_transfers(t) for t in left])
 
     async def _run_staged(self, flow: Flow[T]) -> T:
         async with self._staging_turn:

@@ -25,7 +25,19 @@ from kvstore_client.control import (
     timed_out,
     unreachable_fast,
 )
-from kvstore_client.flows import ClientState, ClientStats, Flow, Lease, Move, Release, Rpc, Wait
+from kvstore_client.flows import (
+    ClientState,
+    ClientStats,
+    Finish,
+    Flow,
+    Lease,
+    Move,
+    Release,
+    Rpc,
+    Start,
+    Ticket,
+    Wait,
+)
 
 T = TypeVar("T")
 
@@ -150,23 +162,34 @@ class KVStoreClient:
     def _run(self, flow: Flow[T]) -> T:
         value: Any = None
         error: BaseException | None = None
-        while True:
-            try:
-                step = flow.throw(error) if error is not None else flow.send(value)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            value, error = None, None
-            try:
-                if isinstance(step, Rpc):
-                    value = self._call(step.method, step.request)
-                elif isinstance(step, Move):
-                    value = self._state.run_transfers(step.plan, step.write)
-                elif isinstance(step, Release):
-                    self._release_async(step.lease_id)
-                elif isinstance(step, Wait):
-                    time.sleep(step.seconds)
-            except KVStoreError as exc:
-                error = exc
+        started: list[Ticket] = []
+        try:
+            while True:
+                try:
+                    step = flow.throw(error) if error is not None else flow.send(value)
+                except StopIteration as done:
+                    return done.value  # type: ignore[no-any-return]
+                value, error = None, None
+                try:
+                    if isinstance(step, Rpc):
+                        value = self._call(step.method, step.request)
+                    elif isinstance(step, Start):
+                        value = self._state.start_transfers(step.plan, step.write, step.dead)
+                        started.append(value)
+                    elif isinstance(step, Finish):
+                        value = self._state.finish_transfers(step.ticket)
+                    elif isinstance(step, Move):
+                        value = self._state.run_transfers(step.plan, step.write)
+                    elif isinstance(step, Release):
+                        self._release_async(step.lease_id)
+                    elif isinstance(step, Wait):
+                        time.sleep(step.seconds)
+                except KVStoreError as exc:
+                    error = exc
+        finally:
+            # Whatever ended the flow, nothing it started may still be moving bytes.
+            for ticket in started:
+                self._state.finish_transfers(ticket)
 
     # -- the API --------------------------------------------------------------------------
 

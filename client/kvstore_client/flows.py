@@ -1,25 +1,31 @@
 """What the client does, free of I/O: every operation is a generator of steps.
 
 Each operation (put, get, lookup, ...) is written once, as a generator that yields
-`Rpc` (a control call to the master), `Move` (a batch of data transfers) or `Release`
-(a lease release nobody waits for), and receives each step's result. The synchronous
-client and the asyncio client are thin drivers that run these steps their own way, so
-both behave identically by construction (the idea of h11's sans-I/O state machine).
+`Rpc` (a control call to the master), `Start` (submit a batch of data transfers, go on)
+and `Finish` (wait for it), `Move` (both at once), `Release` (a lease release nobody
+waits for) or `Wait`, and receives each step's result. The synchronous client and the
+asyncio client are thin drivers that run these steps their own way, so both behave
+identically by construction (the idea of h11's sans-I/O state machine).
 
-A put is two-phase: PutStart (the master allocates space), one transfer batch per
-store node, PutEnd (the objects become visible) or PutRevoke. A get is GetReplicas
-(which pins the objects under a short lease so nothing evicts them mid-read), one batch
-of reads per store node into registered memory, a checksum check of every object, and a
-release. A read whose lease ran out before the bytes arrived is not trusted.
+A put is two-phase: PutStart (the master allocates space), the transfers, PutEnd (the
+objects become visible) or PutRevoke. A get is GetReplicas (which pins the objects under
+a short lease so nothing evicts them mid-read), the reads into registered memory, a
+checksum check of every object as soon as it lands, and a release once every byte is in.
+A read whose lease ran out before the bytes arrived is not trusted. A large batch goes
+in pipelined groups: one group's control call (and a put's checksums) runs while the
+bytes of another move. Whatever ends a call, nothing it started still moves when it
+returns (the drivers finish every started batch).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -34,13 +40,14 @@ from kvstore.errors import (
     KVStoreError,
     LeaseExpired,
     NotFound,
+    Unavailable,
     check_key,
     error_for,
 )
 from kvstore.transfer import Transfer
 from kvstore.v1 import common_pb2 as cpb
 from kvstore.v1 import master_pb2 as pb
-from kvstore_client.local import LocalSegments
+from kvstore_client.local import LocalSegment, LocalSegments
 from kvstore_client.staging import Staging
 
 T = TypeVar("T")
@@ -50,8 +57,44 @@ BUSY_BUDGET = 5.0
 
 # A store node as a transfer target: (Transfer Engine segment name, node id).
 Target = tuple[str, str]
-# One transfer: (local address, remote address, length).
-Plan = dict[Target, list[tuple[int, int, int]]]
+
+
+@dataclass(slots=True)
+class Xfer:
+    """One object's transfer. A read carries the view its bytes land in and the checksum
+    they must have: the data path verifies each object as soon as it has landed, while
+    the rest of the batch is still moving, and sets `ok`."""
+
+    local: int
+    remote: int
+    size: int
+    view: memoryview | None = None
+    checksum: int = 0
+    ok: bool = False
+    left: int = 0  # pieces of it still moving (see pieces())
+
+
+Plan = dict[Target, list[Xfer]]
+
+
+class Ticket:
+    """A started batch: its transfers in flight over the engine (id, target, what each
+    carries, bytes) and what is left to do when it is finished (same-host copies, a
+    small batch's one blocking call). Finishing it twice is harmless."""
+
+    __slots__ = ("deadline", "done", "failed", "local", "lock", "pending", "small", "total",
+                 "write")
+
+    def __init__(self, write: bool) -> None:
+        self.write = write
+        self.deadline = 0.0
+        self.pending: list[tuple[int, Target, list[Xfer], int]] = []
+        self.local: list[tuple[LocalSegment, list[Xfer]]] = []
+        self.small: list[tuple[Target, list[Xfer]]] = []
+        self.failed: dict[Target, KVStoreError] = {}
+        self.total = 0
+        self.done = False
+        self.lock = threading.Lock()
 
 
 @dataclass(slots=True)
@@ -67,6 +110,23 @@ class Move:
 
 
 @dataclass(slots=True)
+class Start:
+    """Submit a batch of transfers and go on at once; the value is its Ticket. Targets in
+    `dead` failed earlier in the same call and are not tried again."""
+
+    plan: Plan
+    write: bool
+    dead: dict[Target, KVStoreError] | None = None
+
+
+@dataclass(slots=True)
+class Finish:
+    """Wait for a started batch; the value is, per target node, its failure."""
+
+    ticket: Ticket
+
+
+@dataclass(slots=True)
 class Release:
     lease_id: int
 
@@ -76,7 +136,7 @@ class Wait:
     seconds: float
 
 
-Step = Rpc | Move | Release | Wait
+Step = Rpc | Move | Start | Finish | Release | Wait
 Flow = Generator[Step, Any, T]
 
 
@@ -148,6 +208,7 @@ class ClientState:
         self.replicas = replicas
         self.stats = ClientStats()
         self.regions: list[tuple[int, int]] = []
+        self._local_known: dict[Target, bool] = {}  # target -> reachable by memcpy
 
     @classmethod
     def build(cls, etcd: str | None, layout: Layout, buffer_size: int, host: str, protocol: str,
@@ -172,39 +233,230 @@ class ClientState:
         self.regions = [r for r in self.regions if r != (addr, addr + nbytes)]
 
     def dest(self, buffer: Any) -> Dest:
-        addr, nbytes = buffer_address(buffer)
-        if not any(lo <= addr and addr + nbytes <= hi for lo, hi in self.regions):
-            raise InvalidArgument("buffer is not inside registered memory; call "
-                                  "client.register(buffer or the tensor it is a slice of) first")
-        return Dest(addr, byte_view(buffer))
+        addr, view = address_and_view(buffer)
+        end = addr + view.nbytes
+        for lo, hi in self.regions:
+            if lo <= addr and end <= hi:
+                return Dest(addr, view)
+        raise InvalidArgument("buffer is not inside registered memory; call "
+                              "client.register(buffer or the tensor it is a slice of) first")
 
-    # -- the one blocking step -----------------------------------------------------------
+    # -- moving bytes ---------------------------------------------------------------------
 
-    def run_transfers(self, plan: Plan, write: bool) -> dict[Target, KVStoreError]:
-        """Move every (local, remote, n) of the plan; per target node, the failure."""
-        failed: dict[Target, KVStoreError] = {}
+    def resolved(self, plan: Plan) -> bool:
+        """Whether starting this plan cannot block: same-host targets told apart (that may
+        ask etcd) and engine targets known to answer (else they are probed first)."""
+        known = self._local_known
+        return all(t in known and (known[t] or self.transfer.ready(t[0])) for t in plan)
+
+    def start_transfers(self, plan: Plan, write: bool,
+                        dead: dict[Target, KVStoreError] | None = None) -> Ticket:
+        """Submit the plan's engine transfers and return without waiting.
+
+        Same-host targets are copied with memcpy, and a batch of at most SYNC_MAX bytes
+        over the engine moves in one blocking engine call (it spins, which costs least for
+        a short wait): both when the ticket is finished. A larger one is submitted now in
+        pieces (see `pieces`) and polled when finished. Targets in `dead` (failed earlier
+        in the same call) are not tried again: their transfers fail at once.
+        """
+        t = Ticket(write)
+        remote: list[tuple[Target, list[Xfer]]] = []
         for target, items in plan.items():
-            local = self.local.get(*target)
-            if local is not None and all(local.contains(r, n) for _, r, n in items):
-                for a, r, n in items:
-                    if write:
-                        local.write(r, a, n)
-                    else:
-                        local.read(a, r, n)
-                self.stats.local_transfers += len(items)
+            if dead and target in dead:
+                t.failed[target] = dead[target]
                 continue
+            local = self.local.get(*target)
+            if local is not None and all(local.contains(x.remote, x.size) for x in items):
+                self._local_known[target] = True
+                t.local.append((local, items))
+            else:
+                self._local_known[target] = False
+                remote.append((target, items))
+        t.total = sum(x.size for _, items in remote for x in items)
+        # The batch fails once this passes, like the engine's own blocking calls: the
+        # client's timeout (or 30 s), plus 1 s per GB.
+        t.deadline = time.monotonic() + (self.transfer.timeout or TRANSFER_TIMEOUT) + \
+            t.total * 1e-9
+        if t.total <= SYNC_MAX:
+            t.small = remote
+            return t
+        # Pieces of PIECE bytes, larger for a large batch (MAX_PIECES per batch at most):
+        # each costs a submission and polls, and a few dozen in flight keep the engine busy.
+        piece = max(PIECE, -(-t.total // MAX_PIECES) if MAX_PIECES else 0)
+        for target, items in remote:
+            try:
+                for local_addr, remote_addr, n, xs in pieces(items, piece):
+                    t.pending.append((self.transfer.start(target[0], local_addr, remote_addr,
+                                                          n, write), target, xs, n))
+            except KVStoreError as exc:
+                t.failed[target] = exc  # what was submitted before still moves
+        return t
+
+    def finish_transfers(self, t: Ticket) -> dict[Target, KVStoreError]:
+        """Wait until every transfer of the ticket is over; per target node, the failure.
+        Each read that landed is verified (its `ok` set) as soon as it lands, while the
+        rest still moves. Polling sleeps in between, so that the engine's threads (and
+        the store node's, on a small host) get the CPU rather than a spinning waiter."""
+        with t.lock:
+            if not t.done:
+                self._finish(t)
+                t.done = True
+            return t.failed
+
+    def _finish(self, t: Ticket) -> None:
+        write, failed = t.write, t.failed
+        for local, items in t.local:
+            for x in items:
+                if write:
+                    local.write(x.remote, x.local, x.size)
+                else:
+                    local.read(x.local, x.remote, x.size)
+                    _verify(x)
+            self.stats.local_transfers += len(items)
+        for target, items in t.small:
             op = self.transfer.write if write else self.transfer.read
             try:
-                op(target[0], [a for a, _, _ in items], [r for _, r, _ in items],
-                   [n for _, _, n in items])
+                op(target[0], [x.local for x in items], [x.remote for x in items],
+                   [x.size for x in items])
             except KVStoreError as exc:
                 failed[target] = exc
-        return failed
+                continue
+            if not write:
+                for x in items:
+                    _verify(x)
+        pending = t.pending
+        if not pending:
+            return
+        verb = "writing to" if write else "reading from"
+        deadline = t.deadline
+        status = self.transfer.status
+        while True:
+            still = []
+            waiting = 0
+            for k, p in enumerate(pending):
+                # Pieces land about in the order they were submitted: after POLL_WINDOW
+                # still moving, the rest are not asked this round.
+                if waiting >= POLL_WINDOW:
+                    still += pending[k:]
+                    break
+                st = status(p[0])
+                if st == 0:
+                    still.append(p)
+                    waiting += 1
+                elif st < 0:
+                    failed.setdefault(p[1], Unavailable(f"{verb} store node {p[1][0]} failed; "
+                                                        "the node may be down"))
+                elif not write:
+                    for x in p[2]:
+                        x.left -= 1
+                        if not x.left:
+                            _verify(x)
+            pending = still
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                # Abandoned, as the engine's own blocking calls do after their timeout.
+                for p in pending:
+                    failed.setdefault(p[1], Unavailable(
+                        f"{verb} store node {p[1][0]} did not finish in time (the client's "
+                        "timeout); the node may be frozen or cut off"))
+                break
+            left = sum(p[3] for p in pending)
+            time.sleep(min(POLL_MAX, max(POLL_MIN, left / POLL_RATE)))
+        t.pending = []
+
+    def run_transfers(self, plan: Plan, write: bool) -> dict[Target, KVStoreError]:
+        """Start and finish a plan (the Move step)."""
+        return self.finish_transfers(self.start_transfers(plan, write))
 
     def close(self) -> None:
         self.local.close()
         self.staging.close()
         self.transfer.close()
+
+
+# Transfer Engine batches up to this many bytes wait in one blocking engine call (it
+# spins, which costs least for a short wait); larger ones are polled (see run_transfers).
+SYNC_MAX = 256 << 10
+# Over the Transfer Engine, bytes move in pieces of about PIECE: transfers adjacent both
+# here and on the node are merged up to it, larger objects cut into pieces of it, which
+# the engine moves in parallel over several connections. A batch larger than
+# PIECE x MAX_PIECES uses fewer, larger pieces (each costs a submission and polls).
+PIECE = 512 << 10
+MAX_PIECES = 64
+# Polling a batch in flight: sleep about the time the bytes left need at POLL_RATE,
+# within [POLL_MIN, POLL_MAX] seconds; each round asks about the pieces in the order
+# they were submitted, and stops after POLL_WINDOW that are still moving.
+POLL_RATE = 8e9
+POLL_MIN = 20e-6
+POLL_MAX = 2e-3
+POLL_WINDOW = 8
+# A polled batch not done after the client's timeout (this when it has none) plus 1 s per
+# GB is abandoned and reported unavailable, as the engine's blocking calls do.
+TRANSFER_TIMEOUT = 30.0
+
+
+def pieces(items: list[Xfer], piece: int = 0) -> list[tuple[int, int, int, list[Xfer]]]:
+    """(local, remote, length, the transfers it carries) per engine transfer: consecutive
+    transfers contiguous on both sides merged up to `piece` bytes, larger ones cut into
+    pieces of `piece`. Sets each transfer's `left` to the number of pieces it is in."""
+    piece = piece or PIECE
+    out: list[tuple[int, int, int, list[Xfer]]] = []
+    run: list[Xfer] = []
+    size = 0
+    for x in items:
+        if x.size > piece:
+            if run:
+                out.append((run[0].local, run[0].remote, size, run))
+                run, size = [], 0
+            x.left = 0
+            for off in range(0, x.size, piece):
+                out.append((x.local + off, x.remote + off, min(piece, x.size - off), [x]))
+                x.left += 1
+            continue
+        x.left = 1
+        if run and size + x.size <= piece and \
+                run[-1].local + run[-1].size == x.local and run[-1].remote + run[-1].size == x.remote:
+            run.append(x)
+            size += x.size
+            continue
+        if run:
+            out.append((run[0].local, run[0].remote, size, run))
+        run, size = [x], x.size
+    if run:
+        out.append((run[0].local, run[0].remote, size, run))
+    return out
+
+
+# A batch of at least 2 x PIPELINE_MIN bytes goes in groups of about equal bytes (at most
+# PIPELINE_GROUPS, each at least PIPELINE_MIN): the control call of one group (PutStart,
+# PutEnd, GetReplicas) and its checksums run while another group's bytes move.
+PIPELINE_MIN = 8 << 20
+PIPELINE_GROUPS = 4
+
+
+def groups(sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """Index ranges [lo, hi) of `sizes`, in order, of about equal bytes (see PIPELINE_MIN)."""
+    total = sum(sizes)
+    n = max(1, min(PIPELINE_GROUPS, len(sizes), total // PIPELINE_MIN))
+    if n == 1:
+        return [(0, len(sizes))]
+    out: list[tuple[int, int]] = []
+    lo, acc = 0, 0
+    for i, size in enumerate(sizes):
+        acc += size
+        # close a group once it holds its share, leaving one item at least per later group
+        if acc * n >= total * (len(out) + 1) and len(sizes) - (i + 1) >= n - len(out) - 1 \
+                and len(out) < n - 1:
+            out.append((lo, i + 1))
+            lo = i + 1
+    out.append((lo, len(sizes)))
+    return out
+
+
+def _verify(x: Xfer) -> None:
+    if x.view is not None:
+        x.ok = checksum(x.view) == x.checksum
 
 
 # -- flows --------------------------------------------------------------------------------
@@ -264,14 +516,18 @@ def put_many(st: ClientState, keys: Sequence[bytes],
         if view.nbytes == 0:
             raise InvalidArgument("empty value: store at least one byte", key=key)
     results: list[KVStoreError | None] = [None] * len(checked)
-    # Batches larger than the staging buffer go in slices that fit.
+    # Batches larger than the staging buffer go in slices that fit; each group's values
+    # are copied in just before its PutStart (while the group before it moves).
     for lo, hi in st.staging.slices([v.nbytes for v in views]):
         offsets = st.staging.layout([v.nbytes for v in views[lo:hi]])
-        srcs = []
-        for off, view in zip(offsets, views[lo:hi], strict=True):
-            st.staging.view[off:off + view.nbytes] = view
-            srcs.append(Dest(st.staging.addr + off, st.staging.view[off:off + view.nbytes]))
-        part = yield from _put(st, checked[lo:hi], srcs)
+        srcs = [Dest(st.staging.addr + off, st.staging.view[off:off + view.nbytes])
+                for off, view in zip(offsets, views[lo:hi], strict=True)]
+
+        def fill(a: int, b: int, srcs: list[Dest] = srcs, base: int = lo) -> None:
+            for dest, view in zip(srcs[a:b], views[base + a:base + b], strict=True):
+                dest.view[:] = view
+
+        part = yield from _put(st, checked[lo:hi], srcs, fill)
         results[lo:hi] = part
     return results
 
@@ -285,29 +541,62 @@ def put_from(st: ClientState, keys: Sequence[bytes],
     return (yield from _put(st, checked, srcs))
 
 
-def _put(st: ClientState, keys: list[bytes], srcs: list[Dest]) -> Flow[list[KVStoreError | None]]:
+def _put(st: ClientState, keys: list[bytes], srcs: list[Dest],
+         fill: Callable[[int, int], None] | None = None) -> Flow[list[KVStoreError | None]]:
+    """PutStart, transfer, PutEnd; a large batch in pipelined groups (see `groups`): at most
+    two groups are in flight, the next one's PutStart and the previous one's PutEnd run
+    while a group moves."""
     results: list[KVStoreError | None] = [None] * len(keys)
-    sizes = [d.view.nbytes for d in srcs]
-    sums = [checksum(d.view) for d in srcs]
+    inflight: list[tuple[int, list[pb.PutStartItem], list[int], Ticket | None]] = []
+    dead: dict[Target, KVStoreError] = {}  # nodes that failed a group: later groups skip them
+    try:
+        for lo, hi in groups([d.view.nbytes for d in srcs]):
+            if fill is not None:
+                fill(lo, hi)
+            items, started, plan = yield from _put_start(st, keys, srcs, lo, hi, results)
+            ticket = (yield Start(plan, write=True, dead=dead)) if plan else None
+            inflight.append((lo, items, started, ticket))
+            if len(inflight) > 1:
+                yield from _put_end(st, keys, srcs, *inflight.pop(0), results, dead)
+        while inflight:
+            yield from _put_end(st, keys, srcs, *inflight.pop(0), results, dead)
+    except KVStoreError:
+        # Nothing may still be moving from the caller's memory when the call ends.
+        for _, _, _, ticket in inflight:
+            if ticket is not None:
+                yield Finish(ticket)
+        raise
+    return results
+
+
+def _put_start(st: ClientState, keys: list[bytes], srcs: list[Dest], lo: int, hi: int,
+               results: list[KVStoreError | None]) -> Flow[tuple[list[pb.PutStartItem], list[int],
+                                                                     Plan]]:
+    """PutStart for keys[lo:hi] (asking again while the master answers BUSY); the items,
+    the indexes (into keys) that got space, and the plan that writes them."""
+    sizes = [d.view.nbytes for d in srcs[lo:hi]]
+    sums = [checksum(d.view) for d in srcs[lo:hi]]
     reply = yield Rpc("PutStart", pb.PutStartRequest(
-        keys=keys, sizes=sizes, checksums=sums, replicas=st.replicas, writer=st.writer_id))
+        keys=keys[lo:hi], sizes=sizes, checksums=sums, replicas=st.replicas,
+        writer=st.writer_id))
     items = list(reply.items)
     # BUSY: the master is demoting objects to SSD to make room; ask again shortly.
     budget = time.monotonic() + BUSY_BUDGET
     delay = 0.005
-    busy = [i for i, item in enumerate(items) if item.code == Code.BUSY]
+    busy = [j for j, item in enumerate(items) if item.code == Code.BUSY]
     while busy and time.monotonic() < budget:
         yield Wait(delay)
         delay = min(delay * 2, 0.1)
         again = yield Rpc("PutStart", pb.PutStartRequest(
-            keys=[keys[i] for i in busy], sizes=[sizes[i] for i in busy],
-            checksums=[sums[i] for i in busy], replicas=st.replicas, writer=st.writer_id))
-        for i, item in zip(busy, again.items, strict=True):
-            items[i] = item
-        busy = [i for i in busy if items[i].code == Code.BUSY]
+            keys=[keys[lo + j] for j in busy], sizes=[sizes[j] for j in busy],
+            checksums=[sums[j] for j in busy], replicas=st.replicas, writer=st.writer_id))
+        for j, item in zip(busy, again.items, strict=True):
+            items[j] = item
+        busy = [j for j in busy if items[j].code == Code.BUSY]
     plan: Plan = defaultdict(list)
     started: list[int] = []
-    for i, item in enumerate(items):
+    for j, item in enumerate(items):
+        i = lo + j
         if item.code == Code.ALREADY_EXISTS:
             continue
         if item.code != Code.OK:
@@ -315,18 +604,29 @@ def _put(st: ClientState, keys: list[bytes], srcs: list[Dest]) -> Flow[list[KVSt
             continue
         started.append(i)
         for loc in item.locations:
-            plan[(loc.segment, loc.node_id)].append((srcs[i].addr, loc.addr, loc.size))
-    failed: dict[Target, KVStoreError] = (yield Move(plan, write=True)) if plan else {}
-    commit: list[int] = []
+            plan[(loc.segment, loc.node_id)].append(Xfer(srcs[i].addr, loc.addr, loc.size))
+    return items, started, plan
+
+
+def _put_end(st: ClientState, keys: list[bytes], srcs: list[Dest], lo: int,
+             items: list[pb.PutStartItem], started: list[int], ticket: Ticket | None,
+             results: list[KVStoreError | None],
+             dead: dict[Target, KVStoreError]) -> Flow[None]:
+    """Wait for a group's bytes, then commit what arrived (PutEnd) and revoke the rest."""
+    failed: dict[Target, KVStoreError] = (yield Finish(ticket)) if ticket is not None else {}
+    dead.update(failed)
+    commit: list[int] = started
     revoke: list[int] = []
-    for i in started:
-        bad = [failed[t] for loc in items[i].locations
-               if (t := (loc.segment, loc.node_id)) in failed]
-        if bad:
-            revoke.append(i)
-            results[i] = bad[0]
-        else:
-            commit.append(i)
+    if failed:
+        commit = []
+        for i in started:
+            bad = [failed[t] for loc in items[i - lo].locations
+                   if (t := (loc.segment, loc.node_id)) in failed]
+            if bad:
+                revoke.append(i)
+                results[i] = bad[0]
+            else:
+                commit.append(i)
     if revoke:
         yield Rpc("PutRevoke", pb.KeysRequest(keys=[keys[i] for i in revoke], writer=st.writer_id))
     if commit:
@@ -339,7 +639,6 @@ def _put(st: ClientState, keys: list[bytes], srcs: list[Dest]) -> Flow[list[KVSt
             else:
                 st.stats.puts += 1
                 st.stats.bytes_written += srcs[i].view.nbytes
-    return results
 
 
 def get_many(st: ClientState, keys: Sequence[bytes]) -> Flow[list[bytes | KVStoreError]]:
@@ -401,49 +700,143 @@ def _get_once(st: ClientState, keys: list[bytes], todo: list[int],
                 out[i] = err if err is not None else bytes(dest.view)
                 if isinstance(err, KVStoreError) and not isinstance(err, CorruptObject):
                     retry.append(i)
-    finally:
+    except KVStoreError:
         if reply.lease_id:
             yield Release(reply.lease_id)
+        raise
+    if reply.lease_id:
+        yield Release(reply.lease_id)
     st.stats.gets += len(todo)
     return retry
 
 
 def get_into(st: ClientState, keys: Sequence[bytes], buffers: Sequence[Any],
              lease: Lease | None) -> Flow[list[KVStoreError | None]]:
+    """GetReplicas (pins under a short lease, or checks the caller's), read, verify,
+    release; a large batch in pipelined groups (see `groups`): each group's GetReplicas
+    runs while the groups before it move."""
     checked = checked_keys(keys)
     if len(checked) != len(buffers):
         raise InvalidArgument(f"get_into got {len(checked)} keys but {len(buffers)} buffers")
     dests = [st.dest(b) for b in buffers]
     out: list[KVStoreError | None] = [None] * len(checked)
-    sent = time.monotonic()
-    reply = yield Rpc("GetReplicas", pb.GetReplicasRequest(
-        keys=checked, lease_id=lease.id if lease else 0, holder=st.writer_id))
-    deadline = lease.expires_at if lease else sent + reply.ttl_remaining
+    leases: list[int] = []  # the short leases taken here, released at the end
+    inflight: list[tuple[float, list[tuple[int, pb.ReadItem]], list[_Sent], Ticket]] = []
+    expired = False
     try:
-        items = yield from _settle(checked, list(reply.items), reply.lease_id, deadline)
-        found: list[tuple[int, pb.ReadItem]] = []
-        for i, item in enumerate(items):
-            if item.code != Code.OK or not item.locations:
-                missing = item.code in (Code.OK, Code.NOT_FOUND)
-                out[i] = error_for(item.code or Code.NOT_FOUND,
-                                   "not in the store" if missing else "not pinned by this lease",
-                                   key=checked[i])
-            elif item.size > dests[i].view.nbytes:
-                out[i] = InvalidArgument(f"buffer of {dests[i].view.nbytes} bytes is smaller "
-                                         f"than the object ({item.size} bytes)", key=checked[i])
-            else:
-                found.append((i, item))
-        errs = yield from _read_into(st, checked, found, [dests[i] for i, _ in found])
-        for (i, _), err in zip(found, errs, strict=True):
-            out[i] = err
-        if time.monotonic() > deadline:
+        for lo, hi in groups([d.view.nbytes for d in dests]):
+            sent_at = time.monotonic()
+            reply = yield Rpc("GetReplicas", pb.GetReplicasRequest(
+                keys=checked[lo:hi], lease_id=lease.id if lease else 0, holder=st.writer_id))
+            if reply.lease_id and lease is None:
+                leases.append(reply.lease_id)
+            deadline = lease.expires_at if lease else sent_at + reply.ttl_remaining
+            items = yield from _settle(checked[lo:hi], list(reply.items), reply.lease_id,
+                                       deadline)
+            found: list[tuple[int, pb.ReadItem]] = []
+            for i, item in enumerate(items, lo):
+                if item.code != Code.OK or not item.locations:
+                    missing = item.code in (Code.OK, Code.NOT_FOUND)
+                    out[i] = error_for(item.code or Code.NOT_FOUND,
+                                       "not in the store" if missing else
+                                       "not pinned by this lease", key=checked[i])
+                elif item.size > dests[i].view.nbytes:
+                    out[i] = InvalidArgument(f"buffer of {dests[i].view.nbytes} bytes is smaller "
+                                             f"than the object ({item.size} bytes)",
+                                             key=checked[i])
+                else:
+                    found.append((i, item))
+            plan, sent = _read_plan(found, [dests[i] for i, _ in found], range(len(found)), 0)
+            inflight.append((deadline, found, sent, (yield Start(plan, write=False))))
+        while inflight:
+            deadline, found, sent, ticket = inflight[0]
+            failed = yield Finish(ticket)
+            inflight.pop(0)
+            group_dests = [dests[i] for i, _ in found]
+            errs: list[KVStoreError | None] = [None] * len(found)
+            still = _read_check(st, checked, found, sent, failed, errs)
+            yield from _read_rounds(st, checked, found, group_dests, errs, still, 1)
+            for (i, _), err in zip(found, errs, strict=True):
+                out[i] = err
+            if (found or lease is not None) and time.monotonic() > deadline:
+                expired = True
+        if expired:
             raise LeaseExpired("the read lease expired before the transfer finished; "
                                "the bytes are not trusted (look the keys up again)")
-    finally:
-        if reply.lease_id and lease is None:
-            yield Release(reply.lease_id)
+    except KVStoreError:
+        # Pins hold until the bytes are in: finish what moves, then release.
+        for _, _, _, ticket in inflight:
+            yield Finish(ticket)
+        for lease_id in leases:
+            yield Release(lease_id)
+        raise
+    for lease_id in leases:
+        yield Release(lease_id)
     st.stats.gets += len(checked)
     return out
+
+
+# One read sent: (index into its part, target node, the transfer).
+_Sent = tuple[int, Target, Xfer]
+
+
+def _read_plan(part: list[tuple[int, pb.ReadItem]], dests: list[Dest], which: Sequence[int],
+               rnd: int) -> tuple[Plan, list[_Sent]]:
+    """Round `rnd` of reading part[j] for j in `which`: replica number rnd of each."""
+    plan: Plan = defaultdict(list)
+    sent: list[_Sent] = []
+    for j in which:
+        item = part[j][1]
+        if rnd < len(item.locations):
+            loc: cpb.Location = item.locations[rnd]
+            target = (loc.segment, loc.node_id)
+            x = Xfer(dests[j].addr, loc.addr, item.size, dests[j].view[:item.size],
+                     item.checksum)
+            plan[target].append(x)
+            sent.append((j, target, x))
+    return plan, sent
+
+
+def _read_check(st: ClientState, keys: list[bytes], part: list[tuple[int, pb.ReadItem]],
+                sent: list[_Sent], failed: dict[Target, KVStoreError],
+                errs: list[KVStoreError | None]) -> list[int]:
+    """Record each sent read's outcome in errs; the j whose read must try another replica."""
+    still: list[int] = []
+    for j, target, x in sent:
+        i, item = part[j]
+        if target in failed:
+            errs[j] = failed[target]
+            still.append(j)
+        elif not x.ok:
+            st.stats.corrupt_reads += 1
+            st.local.forget(*target)
+            errs[j] = CorruptObject(f"object read from {target[0]} does not match its "
+                                    "checksum; it is treated as missing", key=keys[i])
+            still.append(j)
+        else:
+            errs[j] = None
+            st.stats.hits += 1
+            st.stats.bytes_read += item.size
+    return still
+
+
+def _read_rounds(st: ClientState, keys: list[bytes], part: list[tuple[int, pb.ReadItem]],
+                 dests: list[Dest], errs: list[KVStoreError | None], remaining: list[int],
+                 first: int) -> Flow[None]:
+    """Rounds `first`, first + 1, ... of reading part[j] for j in `remaining`, until each
+    read once verified or out of replicas; errors counted in the stats."""
+    rounds = max((len(item.locations) for _, item in part), default=0)
+    for rnd in range(first, rounds):
+        if not remaining:
+            break
+        plan, sent = _read_plan(part, dests, remaining, rnd)
+        failed: dict[Target, KVStoreError] = yield Move(plan, write=False)
+        remaining = _read_check(st, keys, part, sent, failed, errs)
+    for j in remaining:
+        err = errs[j]
+        if err is not None:
+            name = type(err).__name__
+            st.stats.errors[name] = st.stats.errors.get(name, 0) + 1
 
 
 def _read_into(st: ClientState, keys: list[bytes], part: list[tuple[int, pb.ReadItem]],
@@ -453,43 +846,7 @@ def _read_into(st: ClientState, keys: list[bytes], part: list[tuple[int, pb.Read
     Replica r of each object is tried in round r; most reads finish in round 0.
     """
     errs: list[KVStoreError | None] = [None] * len(part)
-    remaining = list(range(len(part)))
-    rounds = max((len(item.locations) for _, item in part), default=0)
-    for rnd in range(rounds):
-        plan: Plan = defaultdict(list)
-        which: dict[Target, list[int]] = defaultdict(list)
-        for j in remaining:
-            item = part[j][1]
-            if rnd < len(item.locations):
-                loc: cpb.Location = item.locations[rnd]
-                plan[(loc.segment, loc.node_id)].append((dests[j].addr, loc.addr, item.size))
-                which[(loc.segment, loc.node_id)].append(j)
-        failed: dict[Target, KVStoreError] = yield Move(plan, write=False)
-        still: list[int] = []
-        for target, js in which.items():
-            for j in js:
-                i, item = part[j]
-                if target in failed:
-                    errs[j] = failed[target]
-                    still.append(j)
-                elif checksum(dests[j].view[:item.size]) != item.checksum:
-                    st.stats.corrupt_reads += 1
-                    st.local.forget(*target)
-                    errs[j] = CorruptObject(f"object read from {target[0]} does not match its "
-                                            "checksum; it is treated as missing", key=keys[i])
-                    still.append(j)
-                else:
-                    errs[j] = None
-                    st.stats.hits += 1
-                    st.stats.bytes_read += item.size
-        remaining = still
-        if not remaining:
-            break
-    for j in remaining:
-        err = errs[j]
-        if err is not None:
-            name = type(err).__name__
-            st.stats.errors[name] = st.stats.errors.get(name, 0) + 1
+    yield from _read_rounds(st, keys, part, dests, errs, list(range(len(part))), 0)
     return errs
 
 
@@ -505,8 +862,19 @@ def buffer_address(buffer: Any) -> tuple[int, int]:
             raise InvalidArgument(f"tensors on {buffer.device} need the CUDA Transfer Engine "
                                   "build (mooncake-transfer-engine)")
         return int(buffer.data_ptr()), int(buffer.numel() * buffer.element_size())
-    arr = np.frombuffer(byte_view(buffer), dtype=np.uint8)
-    return int(arr.ctypes.data), int(arr.nbytes)
+    addr, view = address_and_view(buffer)
+    return addr, view.nbytes
+
+
+def address_and_view(buffer: Any) -> tuple[int, memoryview]:
+    """The address and a flat byte view of a contiguous buffer or CPU torch tensor."""
+    if hasattr(buffer, "data_ptr") and hasattr(buffer, "element_size"):
+        return buffer_address(buffer)[0], byte_view(buffer)
+    view = byte_view(buffer)
+    try:  # a writable buffer: the quick way
+        return ctypes.addressof(ctypes.c_char.from_buffer(view)), view
+    except (TypeError, ValueError):  # read-only or empty
+        return int(np.frombuffer(view, dtype=np.uint8).ctypes.data), view
 
 
 def byte_view(buffer: Any) -> memoryview:

@@ -1,0 +1,456 @@
+"""The client's data path against an in-memory master and store node.
+
+The flows (flows.py) and both drivers run for real; only the master (its replies), the
+Transfer Engine and the node's memory are fakes, so the pipelining, the per-piece
+verification and the "nothing still moves when the call returns" rule are tested
+deterministically, without processes or sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import itertools
+import random
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvstore.checksum import checksum
+from kvstore.errors import Code, CorruptObject, LeaseExpired, NotFound, Unavailable
+from kvstore.v1 import common_pb2 as cpb
+from kvstore.v1 import master_pb2 as pb
+from kvstore_client import AsyncKVStoreClient, KVStoreClient, flows
+from kvstore_client.flows import ClientState, Xfer
+from kvstore_client.staging import Staging
+
+KiB = 1 << 10
+SEGMENT, NODE = "127.0.0.1:1", "node-a"
+
+
+class FakeNode:
+    """A store node's segment: plain memory the fake engine copies to and from."""
+
+    def __init__(self, size: int = 4 << 20) -> None:
+        self.mem = np.zeros(size, dtype=np.uint8)
+        self.base = int(self.mem.ctypes.data)
+        self.next = 0
+
+    def allocate(self, size: int) -> int:
+        addr = self.base + self.next
+        self.next += (size + 63) & ~63
+        return addr
+
+    def byte(self, addr: int) -> int:
+        return int(self.mem[addr - self.base])
+
+    def flip(self, addr: int) -> None:
+        self.mem[addr - self.base] ^= 0xFF
+
+
+class FakeTransfer:
+    """The Transfer Engine's client side: bytes land when a transfer completes, after
+    `polls` status checks (random per transfer when `shuffle`)."""
+
+    timeout = None  # no probing: every node answers
+
+    def __init__(self, trace: list[tuple[Any, ...]]) -> None:
+        self.trace = trace
+        self.moving: dict[int, tuple[int, int, int, bool, int]] = {}
+        self.ids = itertools.count(1)
+        self.polls = 1
+        self.rng: random.Random | None = None
+        self.fail_remote: set[int] = set()  # transfers touching these addresses fail
+        self.hang = False
+        self.blocking_calls = 0
+
+    def ready(self, segment: str) -> bool:
+        return True
+
+    def register(self, addr: int, length: int) -> None:
+        pass
+
+    def unregister(self, addr: int) -> None:
+        pass
+
+    def _copy(self, local: int, remote: int, n: int, write: bool) -> None:
+        if write:
+            ctypes.memmove(remote, local, n)
+        else:
+            ctypes.memmove(local, remote, n)
+
+    def _fails(self, remote: int, n: int) -> bool:
+        return any(remote <= a < remote + n for a in self.fail_remote)
+
+    def read(self, segment: str, local: list[int], remote: list[int], lengths: list[int]) -> None:
+        self._blocking(local, remote, lengths, write=False)
+
+    def write(self, segment: str, local: list[int], remote: list[int], lengths: list[int]) -> None:
+        self._blocking(local, remote, lengths, write=True)
+
+    def _blocking(self, local: list[int], remote: list[int], lengths: list[int],
+                  write: bool) -> None:
+        self.blocking_calls += 1
+        if any(self._fails(r, n) for r, n in zip(remote, lengths, strict=True)):
+            raise Unavailable("node down (fake)")
+        for a, r, n in zip(local, remote, lengths, strict=True):
+            self._copy(a, r, n, write)
+
+    def start(self, segment: str, local: int, remote: int, length: int, write: bool) -> int:
+        tid = next(self.ids)
+        polls = self.rng.randint(0, 3) if self.rng else self.polls
+        self.moving[tid] = (local, remote, length, write, polls)
+        self.trace.append(("start", tid))
+        return tid
+
+    def status(self, tid: int) -> int:
+        local, remote, n, write, polls = self.moving[tid]
+        if self.hang:
+            return 0
+        if polls > 0:
+            self.moving[tid] = (local, remote, n, write, polls - 1)
+            return 0
+        del self.moving[tid]
+        self.trace.append(("done", tid))
+        if self._fails(remote, n):
+            return -1
+        self._copy(local, remote, n, write)
+        return 1
+
+    def close(self) -> None:
+        pass
+
+
+class FakeLocal:
+    """No same-host segment: everything goes through the (fake) engine."""
+
+    def get(self, segment: str, node_id: str) -> None:
+        return None
+
+    def forget(self, segment: str, node_id: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class FakeMaster:
+    """Answers the control calls the data path makes, and records them."""
+
+    def __init__(self, node: FakeNode, transfer: FakeTransfer,
+                 trace: list[tuple[Any, ...]]) -> None:
+        self.node = node
+        self.transfer = transfer
+        self.trace = trace
+        self.objects: dict[bytes, tuple[int, int, int]] = {}  # key -> addr, size, checksum
+        self.pending: dict[bytes, tuple[int, int, int]] = {}
+        self.leases: dict[int, list[bytes]] = {}
+        self.lease_ids = itertools.count(100)
+        self.calls: dict[str, int] = {}
+        self.fail: set[tuple[str, int]] = set()  # (method, n-th call) that raise Unavailable
+        self.ttl = 30.0
+        self.moving_at_release: list[int] = []
+
+    def call(self, method: str, request: Any) -> Any:
+        n = self.calls[method] = self.calls.get(method, 0) + 1
+        self.trace.append(("rpc", method, list(request.keys)))
+        if (method, n) in self.fail:
+            raise Unavailable(f"{method} failed (fake)")
+        return getattr(self, method)(request)
+
+    def PutStart(self, req: pb.PutStartRequest) -> pb.PutStartResponse:
+        reply = pb.PutStartResponse()
+        for key, size, ck in zip(req.keys, req.sizes, req.checksums, strict=True):
+            item = reply.items.add()
+            if key in self.objects:
+                item.code = Code.ALREADY_EXISTS
+                continue
+            addr = self.node.allocate(size)
+            self.pending[key] = (addr, size, ck)
+            item.locations.append(cpb.Location(node_id=NODE, segment=SEGMENT, addr=addr,
+                                               size=size))
+        return reply
+
+    def PutEnd(self, req: pb.KeysRequest) -> pb.CodesResponse:
+        for key in req.keys:
+            self.objects[key] = self.pending.pop(key)
+        return pb.CodesResponse(codes=[Code.OK] * len(req.keys))
+
+    def PutRevoke(self, req: pb.KeysRequest) -> pb.CodesResponse:
+        for key in req.keys:
+            self.pending.pop(key)
+        return pb.CodesResponse(codes=[Code.OK] * len(req.keys))
+
+    def GetReplicas(self, req: pb.GetReplicasRequest) -> pb.GetReplicasResponse:
+        reply = pb.GetReplicasResponse(ttl_remaining=self.ttl)
+        found = []
+        for key in req.keys:
+            item = reply.items.add()
+            if key not in self.objects or (req.lease_id and key not in self.leases[req.lease_id]):
+                item.code = Code.NOT_FOUND
+                continue
+            addr, size, ck = self.objects[key]
+            item.size, item.checksum = size, ck
+            item.locations.append(cpb.Location(node_id=NODE, segment=SEGMENT, addr=addr,
+                                               size=size))
+            found.append(key)
+        if req.lease_id:
+            reply.lease_id = req.lease_id
+        elif found:
+            reply.lease_id = next(self.lease_ids)
+            self.leases[reply.lease_id] = found
+        return reply
+
+    def release(self, lease_id: int) -> None:
+        self.trace.append(("release", lease_id))
+        self.moving_at_release.append(len(self.transfer.moving))
+        self.leases.pop(lease_id, None)
+
+
+class Rig:
+    def __init__(self) -> None:
+        self.trace: list[tuple[Any, ...]] = []
+        self.node = FakeNode()
+        self.transfer = FakeTransfer(self.trace)
+        self.master = FakeMaster(self.node, self.transfer, self.trace)
+        self.state = ClientState(self.transfer, Staging(self.transfer, 1 << 20),  # type: ignore[arg-type]
+                                 FakeLocal(), "writer-1", 0)  # type: ignore[arg-type]
+        self.client = KVStoreClient.__new__(KVStoreClient)
+        self.client._state = self.state
+        self.client._call = self.master.call  # type: ignore[method-assign]
+        self.client._release_async = self.master.release  # type: ignore[method-assign]
+
+    def rpcs(self) -> list[str]:
+        return [e[1] for e in self.trace if e[0] == "rpc"]
+
+
+@pytest.fixture
+def rig(monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
+    # Small thresholds so that a few KiB exercise pieces, polling and pipelining.
+    monkeypatch.setattr(flows, "SYNC_MAX", 2 * KiB)
+    monkeypatch.setattr(flows, "PIECE", 4 * KiB)
+    monkeypatch.setattr(flows, "PIPELINE_MIN", 16 * KiB)
+    monkeypatch.setattr(flows, "POLL_MIN", 1e-5)
+    monkeypatch.setattr(flows, "POLL_MAX", 1e-4)
+    yield Rig()
+
+
+def _values(n: int, size: int, seed: int = 1) -> list[bytes]:
+    rng = random.Random(seed)
+    return [rng.randbytes(size) for _ in range(n)]
+
+
+def _buffers(rig: Rig, values: list[bytes], size: int) -> tuple[np.ndarray, np.ndarray]:
+    src = np.frombuffer(b"".join(values), dtype=np.uint8).copy()
+    dst = np.zeros(len(values) * size, dtype=np.uint8)
+    rig.client.register(src)
+    rig.client.register(dst)
+    return src, dst
+
+
+def _slices(buf: np.ndarray, n: int, size: int) -> list[np.ndarray]:
+    return [buf[i * size:(i + 1) * size] for i in range(n)]
+
+
+# -- pure helpers ------------------------------------------------------------------------
+
+
+def test_pieces_merge_adjacent_transfers_and_cut_large_ones() -> None:
+    a = Xfer(1000, 5000, 100)
+    b = Xfer(1100, 5100, 100)   # adjacent to a on both sides
+    c = Xfer(1200, 9000, 100)   # adjacent here, not on the node
+    d = Xfer(2000, 9100, 250)   # larger than a piece
+    got = flows.pieces([a, b, c, d], piece=200)
+    assert [(lo, r, n, len(xs)) for lo, r, n, xs in got] == [
+        (1000, 5000, 200, 2), (1200, 9000, 100, 1),
+        (2000, 9100, 200, 1), (2200, 9300, 50, 1)]
+    assert (a.left, b.left, c.left, d.left) == (1, 1, 1, 2)
+    # a run never grows past one piece
+    runs = flows.pieces([Xfer(i * 10, i * 10, 10) for i in range(7)], piece=30)
+    assert [n for _, _, n, _ in runs] == [30, 30, 10]
+
+
+def test_groups_split_in_order_by_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(flows, "PIPELINE_MIN", 100)
+    monkeypatch.setattr(flows, "PIPELINE_GROUPS", 4)
+    assert flows.groups([50] * 3) == [(0, 3)]            # under 2 x PIPELINE_MIN: one group
+    assert flows.groups([100] * 8) == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert flows.groups([100] * 3) == [(0, 1), (1, 2), (2, 3)]
+    assert flows.groups([1000, 1, 1, 1]) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    for sizes in ([7, 300, 5, 90, 400, 2, 2], [100] * 33, [250, 250]):
+        got = flows.groups(sizes)
+        assert got[0][0] == 0 and got[-1][1] == len(sizes)
+        assert all(lo < hi for lo, hi in got)
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(got))
+
+
+# -- pipelined puts and gets -----------------------------------------------------------------
+
+
+def test_large_batch_round_trip_is_pipelined(rig: Rig) -> None:
+    n, size = 8, 8 * KiB  # 64 KiB: 4 groups of 2 objects, each object in 2 pieces
+    keys = [f"k{i}".encode() for i in range(n)]
+    values = _values(n, size)
+    src, dst = _buffers(rig, values, size)
+    assert rig.client.put_from(keys, _slices(src, n, size)) == [None] * n
+    # The next group's PutStart goes out before the previous group's PutEnd: control
+    # calls overlap transfers.
+    assert rig.rpcs() == ["PutStart", "PutStart", "PutEnd", "PutStart", "PutEnd", "PutStart",
+                          "PutEnd", "PutEnd"]
+    assert all(rig.node.mem[addr - rig.node.base:addr - rig.node.base + sz].tobytes() == values[i]
+               for i, (addr, sz, _) in enumerate(rig.master.objects[k] for k in keys))
+    rig.trace.clear()
+    assert rig.client.get_into(keys, _slices(dst, n, size)) == [None] * n
+    assert dst.tobytes() == b"".join(values)
+    assert rig.rpcs() == ["GetReplicas"] * 4
+    # every short lease is released, and only once nothing is moving any more
+    assert [e[0] for e in rig.trace[-4:]] == ["release"] * 4
+    assert rig.master.moving_at_release == [0] * 4 and not rig.transfer.moving
+    assert rig.client.stats.hits == n and rig.transfer.blocking_calls == 0
+
+
+def test_pieces_landing_in_any_order_are_each_verified(rig: Rig) -> None:
+    rig.transfer.rng = random.Random(5)
+    n, size = 12, 6 * KiB
+    keys = [f"r{i}".encode() for i in range(n)]
+    values = _values(n, size, seed=2)
+    src, dst = _buffers(rig, values, size)
+    assert rig.client.put_from(keys, _slices(src, n, size)) == [None] * n
+    assert rig.client.get_into(keys, _slices(dst, n, size)) == [None] * n
+    assert dst.tobytes() == b"".join(values)
+
+
+def test_a_corrupt_byte_in_one_piece_fails_only_its_object(rig: Rig) -> None:
+    n, size = 8, 8 * KiB
+    keys = [f"c{i}".encode() for i in range(n)]
+    src, dst = _buffers(rig, _values(n, size, seed=3), size)
+    assert rig.client.put_from(keys, _slices(src, n, size)) == [None] * n
+    addr = rig.master.objects[keys[5]][0]
+    rig.node.flip(addr + size - 10)  # in the object's second piece
+    errs = rig.client.get_into(keys, _slices(dst, n, size))
+    assert isinstance(errs[5], CorruptObject)
+    assert [e for i, e in enumerate(errs) if i != 5] == [None] * (n - 1)
+    assert rig.client.stats.corrupt_reads == 1
+
+
+def test_a_failed_node_fails_its_group_and_is_not_tried_again(rig: Rig) -> None:
+    n, size = 8, 8 * KiB
+    keys = [f"f{i}".encode() for i in range(n)]
+    src, _ = _buffers(rig, _values(n, size, seed=4), size)
+    # The node fails the writes of the third object: its group (objects 2 and 3) fails.
+    # Group 3 was already moving meanwhile and lands; group 4 starts after the failure was
+    # seen and goes nowhere: the node is given up for the rest of the call.
+    rig.transfer.fail_remote = {rig.node.base + 2 * size + 100}
+    errs = rig.client.put_from(keys, _slices(src, n, size))
+    assert [type(e).__name__ if e else None for e in errs] == \
+        [None, None, "Unavailable", "Unavailable", None, None, "Unavailable", "Unavailable"]
+    revoked = [e[2] for e in rig.trace if e[:2] == ("rpc", "PutRevoke")]
+    assert revoked == [[keys[2], keys[3]], [keys[6], keys[7]]]
+    assert sorted(rig.master.objects) == sorted(keys[:2] + keys[4:6])
+    assert sum(e[0] == "start" for e in rig.trace) == 3 * 2 * 2  # 3 groups x 2 objects x 2 pieces
+    assert not rig.master.pending and not rig.transfer.moving
+
+
+def test_a_control_failure_mid_pipeline_waits_for_what_moves(rig: Rig) -> None:
+    n, size = 8, 8 * KiB
+    keys = [f"m{i}".encode() for i in range(n)]
+    src, dst = _buffers(rig, _values(n, size, seed=6), size)
+    rig.transfer.polls = 3
+    rig.master.calls.clear()
+    rig.master.fail = {("PutStart", 2)}
+    with pytest.raises(Unavailable):
+        rig.client.put_from(keys, _slices(src, n, size))
+    assert not rig.transfer.moving  # group 1's bytes were in before the call ended
+    rig.master.fail = set()
+    assert rig.client.put_from(keys, _slices(src, n, size)) == [None] * n
+    rig.master.calls.clear()
+    rig.master.fail = {("GetReplicas", 2)}
+    rig.trace.clear()
+    with pytest.raises(Unavailable):
+        rig.client.get_into(keys, _slices(dst, n, size))
+    # group 1's lease is released, but only after its bytes stopped moving
+    assert [e[0] for e in rig.trace if e[0] == "release"] == ["release"]
+    assert rig.master.moving_at_release == [0] and not rig.transfer.moving
+
+
+def test_a_hung_transfer_is_abandoned_after_the_timeout(rig: Rig,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(flows, "TRANSFER_TIMEOUT", 0.05)
+    n, size = 4, 8 * KiB
+    keys = [f"h{i}".encode() for i in range(n)]
+    src, dst = _buffers(rig, _values(n, size, seed=7), size)
+    assert rig.client.put_from(keys, _slices(src, n, size)) == [None] * n
+    rig.transfer.hang = True
+    t0 = time.monotonic()
+    errs = rig.client.get_into(keys, _slices(dst, n, size))
+    assert time.monotonic() - t0 < 2
+    assert all(isinstance(e, Unavailable) and "did not finish in time" in str(e) for e in errs)
+
+
+def test_a_lease_that_lapses_during_a_polled_read_raises(rig: Rig) -> None:
+    n, size = 4, 8 * KiB
+    keys = [f"l{i}".encode() for i in range(n)]
+    src, dst = _buffers(rig, _values(n, size, seed=8), size)
+    assert rig.client.put_from(keys, _slices(src, n, size)) == [None] * n
+    rig.master.ttl = 0.001
+    rig.transfer.polls = 20  # >= 20 polls with sleeps in between: past the lease
+    with pytest.raises(LeaseExpired):
+        rig.client.get_into(keys, _slices(dst, n, size))
+    assert not rig.transfer.moving
+
+
+def test_get_into_of_missing_keys_without_a_lease_is_not_found(rig: Rig) -> None:
+    dst = np.zeros(64, dtype=np.uint8)
+    rig.client.register(dst)
+    errs = rig.client.get_into([b"nope", b"nada"], [dst[:32], dst[32:]])
+    assert all(isinstance(e, NotFound) for e in errs)
+
+
+def test_small_batches_take_one_blocking_engine_call(rig: Rig) -> None:
+    keys = [b"s0", b"s1"]
+    src, dst = _buffers(rig, _values(2, 512, seed=9), 512)
+    assert rig.client.put_from(keys, _slices(src, 2, 512)) == [None, None]
+    assert rig.client.get_into(keys, _slices(dst, 2, 512)) == [None, None]
+    assert rig.transfer.blocking_calls == 2 and not any(e[0] == "start" for e in rig.trace)
+    assert dst.tobytes() == src.tobytes()
+
+
+def test_put_many_and_get_many_through_staging(rig: Rig) -> None:
+    values = _values(6, 10 * KiB, seed=10)
+    keys = [f"b{i}".encode() for i in range(6)]
+    assert rig.client.put_many(keys, values) == [None] * 6
+    assert rig.rpcs().count("PutStart") == 3  # 60 KiB: pipelined in 3 groups
+    assert rig.client.get_many([*keys, b"missing"]) == [*values, None]
+    assert rig.master.objects[keys[0]][2] == checksum(values[0])
+
+
+def test_async_client_pipelines_and_waits_the_same_way(rig: Rig) -> None:
+    client = AsyncKVStoreClient.__new__(AsyncKVStoreClient)
+    client._state = rig.state
+
+    async def call(method: str, request: Any) -> Any:
+        return rig.master.call(method, request)
+
+    client._call = call  # type: ignore[method-assign]
+    client._release_later = rig.master.release  # type: ignore[method-assign]
+    n, size = 8, 8 * KiB
+    keys = [f"a{i}".encode() for i in range(n)]
+    values = _values(n, size, seed=11)
+    src, dst = _buffers(rig, values, size)
+    rig.transfer.polls = 2
+
+    async def main() -> None:
+        assert await client.put_from(keys, _slices(src, n, size)) == [None] * n
+        assert await client.get_into(keys, _slices(dst, n, size)) == [None] * n
+        rig.master.calls.clear()
+        rig.master.fail = {("GetReplicas", 3)}
+        with pytest.raises(Unavailable):
+            await client.get_into(keys, _slices(dst, n, size))
+
+    asyncio.run(main())
+    assert dst.tobytes() == b"".join(values)
+    assert rig.rpcs().count("PutStart") == 4
+    assert set(rig.master.moving_at_release) == {0} and not rig.transfer.moving
