@@ -2,7 +2,7 @@
 
     python -m bench.vs_mooncake [--sizes 64KiB,1MiB,4MiB] [--iters 200] [--batch 32]
                                 [--rounds 0] [--quick] [--json out.json] [--plot out.png]
-                                [--phases] [--profile DIR] [--no-mooncake]
+                                [--runs 1] [--phases] [--profile DIR] [--no-mooncake]
 
 Re-executes itself in a private network namespace (loopback only; needs root). Both
 systems are started, then measured in turn, one object size at a time (who goes first
@@ -50,6 +50,7 @@ import math
 import os
 import pstats
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -687,6 +688,80 @@ def render(rows: list[Row]) -> str:
     return head + "\n\n" + table
 
 
+@dataclass
+class RangeRow:
+    """One measure at one size over several runs: (min, max) of each figure and ratio."""
+
+    size: int
+    measure: str
+    unit: str
+    values: dict[str, tuple[float, float]]
+    apis: dict[str, str]                 # system -> the APIs its figures came from, "b/r"
+    ratios: dict[str, tuple[float, float]]
+    medians: dict[str, float]            # system -> median ratio (for the plot)
+
+    def cells(self) -> list[str]:
+        f = fmt_seconds if self.unit == "s" else fmt_gbps
+
+        def span(lo: float, hi: float, fmt: Any) -> str:
+            a, b = fmt(lo), fmt(hi)
+            unit_a, unit_b = a.split(" ")[-1], b.split(" ")[-1]
+            if a == b:
+                return a
+            if unit_a == unit_b and " " in a:  # "1.2-1.5 ms", not "1.2 ms-1.5 ms"
+                return f"{a.rsplit(' ', 1)[0]}-{b}"
+            return f"{a}-{b}"
+
+        def val(system: str) -> str:
+            if system not in self.values:
+                return "-"
+            return f"{span(*self.values[system], f)} {self.apis[system]}"
+
+        def ratio(system: str) -> str:
+            if system not in self.ratios:
+                return "-"
+            lo, hi = self.ratios[system]
+            return f"{lo:.2f}x" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}x"
+
+        return [format_size(self.size).replace(".0 ", " "), self.measure, val(TE), val(MC),
+                ratio(TE), val(SHM), ratio(SHM)]
+
+
+def range_rows(runs: list[list[Row]]) -> list[RangeRow]:
+    """The same rows of several runs, folded into (min, max) per figure and ratio."""
+    out: list[RangeRow] = []
+    for same in zip(*runs, strict=True):
+        first = same[0]
+        if any((r.size, r.measure) != (first.size, first.measure) for r in same):
+            raise ValueError("runs with different rows cannot be folded")
+        values: dict[str, tuple[float, float]] = {}
+        apis: dict[str, str] = {}
+        ratios: dict[str, tuple[float, float]] = {}
+        medians: dict[str, float] = {}
+        for system in (TE, MC, SHM):
+            vs = [r.values[system] for r in same if system in r.values]
+            if vs:
+                values[system] = (min(vs), max(vs))
+                apis[system] = "/".join(sorted({r.apis[system] for r in same
+                                                if system in r.apis}))
+            rs = [x for r in same if (x := r.ratios.get(system)) is not None]
+            if rs:
+                ratios[system] = (min(rs), max(rs))
+                medians[system] = statistics.median(rs)
+        out.append(RangeRow(first.size, first.measure, first.unit, values, apis, ratios,
+                            medians))
+    return out
+
+
+def render_ranges(rows: list[RangeRow], runs: int) -> str:
+    head = (f"over {runs} runs, min-max of each figure and of each ratio (ratio > 1 means "
+            "kvstore is better);\nb/r: the API each system's figures came from, as above.")
+    table = format_table(
+        ["size", "measure", "kvstore TE", "Mooncake", "ratio", "kvstore same-host", "ratio"],
+        [r.cells() for r in rows], align="llrrrrr")
+    return head + "\n\n" + table
+
+
 def path_warnings(results: list[dict[str, Any]]) -> list[str]:
     """Whether each of our configurations took the data path it is labelled with."""
     out = []
@@ -701,26 +776,45 @@ def path_warnings(results: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def plot(rows: list[Row], path: str) -> None:
+def plot(rows: list[Row] | list[RangeRow], path: str) -> None:
+    """A bar per row and configuration: the ratio, or with several runs the median ratio
+    and a line from the lowest to the highest."""
     try:
         import matplotlib
     except ImportError:
         sys.exit("--plot needs matplotlib: .venv/bin/pip install matplotlib")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     labels = [f"{format_size(r.size).replace('.0 ', ' ')} {r.measure}" for r in rows]
     x = list(range(len(rows)))
     has_shm = any(r.ratios.get(SHM) is not None for r in rows)
     width = 0.4 if has_shm else 0.8
     fig, ax = plt.subplots(figsize=(max(8, 0.6 * len(rows)), 5))
-    ax.bar([i - width / 2 if has_shm else i for i in x], [r.ratios.get(TE) or 0.0 for r in rows],
-           width, label="kvstore TE / Mooncake")
+
+    def bars(system: str, xs: list[float], label: str) -> None:
+        if rows and isinstance(rows[0], RangeRow):
+            ranged = [r for r in rows if isinstance(r, RangeRow)]
+            mid = [r.medians.get(system, 0.0) for r in ranged]
+            lo = [m - r.ratios[system][0] if system in r.ratios else 0.0
+                  for m, r in zip(mid, ranged, strict=True)]
+            hi = [r.ratios[system][1] - m if system in r.ratios else 0.0
+                  for m, r in zip(mid, ranged, strict=True)]
+            ax.bar(xs, mid, width, label=label + " (median, min-max)", yerr=[lo, hi],
+                   capsize=2, error_kw={"linewidth": 0.8})
+        else:
+            ax.bar(xs, [r.ratios.get(system) or 0.0 for r in rows], width,  # type: ignore[misc]
+                   label=label)
+
+    bars(TE, [i - width / 2 if has_shm else i for i in x], "kvstore TE / Mooncake")
     if has_shm:
-        ax.bar([i + width / 2 for i in x], [r.ratios.get(SHM) or 0.0 for r in rows], width,
-               label="kvstore same-host / Mooncake")
+        bars(SHM, [i + width / 2 for i in x], "kvstore same-host / Mooncake")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_yscale("log")
+    plain = matplotlib.ticker.FuncFormatter(lambda v, _pos: f"{v:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
     ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("ratio (>1: kvstore better; log scale)")
     ax.set_title("kvstore vs Mooncake Store: 1 store node, clients in another process")
@@ -742,8 +836,35 @@ def _worker_cmd(args: argparse.Namespace, system: str, endpoint: dict[str, str],
     return cmd
 
 
+def measure_both(args: argparse.Namespace, sizes: list[int], dram: int,
+                 tmp: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One run: both systems started afresh, then measured in turn, size by size."""
+    from bench.clusters import mooncake, ours
+
+    ours_res: list[dict[str, Any]] = []
+    mc_res: list[dict[str, Any]] = []
+    with contextlib.ExitStack() as stack:
+        oc = stack.enter_context(ours(tmp, dram=args.dram))
+        workers = [stack.enter_context(contextlib.closing(Worker(
+            "ours", _worker_cmd(args, "ours", {"etcd": oc.etcd}, tmp / "ours.json"),
+            tmp / "client-ours.log")))]
+        if not args.no_mooncake:
+            mc = stack.enter_context(mooncake(tmp, dram))
+            workers.append(stack.enter_context(contextlib.closing(Worker(
+                "mooncake", _worker_cmd(args, "mooncake",
+                                        {"master": mc.master, "metadata": mc.metadata},
+                                        tmp / "mooncake.json"),
+                tmp / "client-mooncake.log"))))
+        print("both systems up; measuring them in turn, one size at a time ...", flush=True)
+        for k, size in enumerate(sizes):
+            # alternate who goes first, so neither always follows the other
+            for w in workers if k % 2 == 0 else workers[::-1]:
+                (ours_res if w.name == "ours" else mc_res).extend(w.measure(size))
+    return ours_res, mc_res
+
+
 def orchestrate(args: argparse.Namespace) -> int:
-    from bench.clusters import mooncake, ours, raise_on_sigterm
+    from bench.clusters import raise_on_sigterm
 
     raise_on_sigterm()
 
@@ -751,52 +872,46 @@ def orchestrate(args: argparse.Namespace) -> int:
     dram = parse_size(args.dram)
     tmp = Path(tempfile.mkdtemp(prefix="kvstore-vs-mooncake-"))
     t_start = time.monotonic()
-    load_start = os.getloadavg()[0]
     try:
         print(f"sizes {args.sizes}, {args.iters} single ops, batches of {args.batch}, "
-              f"rounds {[auto_rounds(args.rounds, s, args.batch) for s in sizes]}; "
-              f"logs in {tmp}", flush=True)
-        ours_res: list[dict[str, Any]] = []
-        mc_res: list[dict[str, Any]] = []
-        with contextlib.ExitStack() as stack:
-            oc = stack.enter_context(ours(tmp, dram=args.dram))
-            workers = [stack.enter_context(contextlib.closing(Worker(
-                "ours", _worker_cmd(args, "ours", {"etcd": oc.etcd}, tmp / "ours.json"),
-                tmp / "client-ours.log")))]
-            if not args.no_mooncake:
-                mc = stack.enter_context(mooncake(tmp, dram))
-                workers.append(stack.enter_context(contextlib.closing(Worker(
-                    "mooncake", _worker_cmd(args, "mooncake",
-                                            {"master": mc.master, "metadata": mc.metadata},
-                                            tmp / "mooncake.json"),
-                    tmp / "client-mooncake.log"))))
-            print("both systems up; measuring them in turn, one size at a time ...",
-                  flush=True)
-            for k, size in enumerate(sizes):
-                # alternate who goes first, so neither always follows the other
-                for w in workers if k % 2 == 0 else workers[::-1]:
-                    (ours_res if w.name == "ours" else mc_res).extend(w.measure(size))
-        rows = build_rows(ours_res + mc_res)
-        print()
-        print(render(rows))
-        print(f"\nload average (1 min) at start {load_start:.2f}, at end {os.getloadavg()[0]:.2f} "
-              f"on {os.cpu_count()} CPUs")
-        for warning in path_warnings(ours_res):
-            print(f"WARNING: {warning}")
-        if args.phases:
-            print()
-            print(render_phases(ours_res))
+              f"rounds {[auto_rounds(args.rounds, s, args.batch) for s in sizes]}, "
+              f"{args.runs} run(s); logs in {tmp}", flush=True)
+        runs: list[dict[str, Any]] = []
+        for n in range(args.runs):
+            load_start = os.getloadavg()[0]
+            run_dir = tmp / f"run{n + 1}"
+            run_dir.mkdir()
+            ours_res, mc_res = measure_both(args, sizes, dram, run_dir)
+            rows = build_rows(ours_res + mc_res)
+            load = (load_start, os.getloadavg()[0])
+            runs.append({"rows": rows, "raw": {"kvstore": ours_res, "mooncake": mc_res},
+                         "load": load})
+            print(f"\n--- run {n + 1} of {args.runs} ---\n" if args.runs > 1 else "")
+            print(render(rows))
+            print(f"\nload average (1 min) at start {load[0]:.2f}, at end {load[1]:.2f} "
+                  f"on {os.cpu_count()} CPUs")
+            for warning in path_warnings(ours_res):
+                print(f"WARNING: {warning}")
+            if args.phases:
+                print()
+                print(render_phases(ours_res))
+        ranged = range_rows([r["rows"] for r in runs]) if args.runs > 1 else None
+        if ranged is not None:
+            print(f"\n--- all {args.runs} runs ---\n")
+            print(render_ranges(ranged, args.runs))
         print(f"\n(total {time.monotonic() - t_start:.0f} s)")
         if args.json:
             Path(args.json).write_text(json.dumps({
                 "config": {"sizes": sizes, "iters": args.iters, "batch": args.batch,
-                           "rounds": args.rounds, "dram": dram, "transport": "tcp loopback"},
-                "rows": [r.__dict__ for r in rows],
-                "raw": {"kvstore": ours_res, "mooncake": mc_res},
+                           "rounds": args.rounds, "dram": dram, "transport": "tcp loopback",
+                           "runs": args.runs},
+                "runs": [{"rows": [r.__dict__ for r in run["rows"]], "raw": run["raw"],
+                          "load_average": run["load"]} for run in runs],
+                "ranges": [r.__dict__ for r in ranged] if ranged else None,
             }, indent=2))
             print(f"wrote {args.json}")
         if args.plot:
-            plot(rows, args.plot)
+            plot(ranged if ranged is not None else runs[-1]["rows"], args.plot)
             print(f"wrote {args.plot}")
         if args.profile:
             for system in ("ours", "mooncake"):
@@ -823,6 +938,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=0,
                    help="batch calls per size and direction (0: ~256 MiB worth, 5..200)")
     p.add_argument("--dram", default="2GiB", help="store-node DRAM, both systems")
+    p.add_argument("--runs", type=int, default=1,
+                   help="measure this many times (fresh processes each) and also print the "
+                        "min-max of every figure and ratio; the plot then shows the medians")
     p.add_argument("--quick", action="store_true", help="64KiB,1MiB, 50 iters, 5 rounds")
     p.add_argument("--json", help="write rows and raw results here")
     p.add_argument("--plot", help="write a bar chart of the ratios here (matplotlib)")
