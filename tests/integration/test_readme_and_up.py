@@ -80,6 +80,11 @@ def test_up_then_readme_example(tmp_path: Path) -> None:
         assert run.returncode == 0, run.stderr
         lines = run.stdout.splitlines()
         assert lines == ["[True, False]", "[b'1', b'2', None]", "None"], run.stdout
+        # the admin CLI finds the admin token and the CA the same way
+        status = subprocess.run([sys.executable, "-m", "kvstore", "status", "--json"],
+                                capture_output=True, text=True, timeout=60, env=env)
+        assert status.returncode == 0, status.stderr
+        assert len(json.loads(status.stdout)["nodes"]) == 1
     finally:
         up.send_signal(signal.SIGTERM)
         out, _ = up.communicate(timeout=30)
