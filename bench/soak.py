@@ -9,7 +9,9 @@ and several client processes that each loop over: put_many of a batch, lookup wi
 lease, get_into under it, release, get_many, exists, remove. Every read is checked
 against what was written. The anonymous RSS (RssAnon: the heap, not the mapped segment)
 of each daemon is sampled every second; the slope is fitted over the second half of the
-run (after warm-up).
+run (after warm-up). At the end, each store node's inventory (what it would report to a
+new leader) must hold exactly the replicas the master places on it: an entry the
+node never drops is a leak that grows with traffic.
 """
 
 from __future__ import annotations
@@ -30,8 +32,12 @@ import numpy as np
 from bench.clusters import ours
 from bench.netns import ensure_private_netns
 from bench.stats import format_table
+from kvstore.coord.etcd import read_prefix_sync
+from kvstore.coord.layout import Layout, NodeRecord
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
+from kvstore.v1 import store_pb2 as spb
+from kvstore.v1 import store_pb2_grpc as spbg
 
 
 @dataclass
@@ -44,6 +50,8 @@ class SoakReport:
     slope_mib_per_min: dict[str, float] = field(default_factory=dict)
     leases_left: int = -1
     pending_left: int = -1
+    # Per store node: entries in its inventory minus the replicas the master places there.
+    inventory_excess: dict[str, int] = field(default_factory=dict)
 
 
 def _client(etcd: str, seed: int, seconds: float, out: mp.Queue) -> None:  # type: ignore[type-arg]
@@ -88,6 +96,20 @@ def _rss_mib(pid: int) -> float:
     return 0.0
 
 
+def _inventory_excess(etcd: str, st: pb.ClusterStatusResponse) -> dict[str, int]:
+    """Each node's DRAM inventory size minus the master's count of its replicas."""
+    placed = {n.node_id: n.objects for n in st.nodes if n.tier == "dram"}
+    out = {}
+    for raw in read_prefix_sync(etcd, Layout("default").nodes):
+        rec = NodeRecord.decode(raw)
+        with grpc.insecure_channel(rec.service) as ch:
+            inv = spbg.StoreNodeStub(ch).Inventory(spb.InventoryRequest(epoch=st.epoch),
+                                                   timeout=10)
+        held = sum(r.tier == "dram" for r in inv.replicas)
+        out[rec.node_id] = held - placed.get(rec.node_id, 0)
+    return out
+
+
 def run_soak(seconds: float, clients: int = 3) -> SoakReport:
     report = SoakReport(seconds)
     with tempfile.TemporaryDirectory(prefix="kvstore-soak-") as tmp, \
@@ -120,6 +142,7 @@ def run_soak(seconds: float, clients: int = 3) -> SoakReport:
             st = pbg.MasterStub(ch).ClusterStatus(pb.ClusterStatusRequest(), timeout=10)
         report.leases_left = st.active_leases
         report.pending_left = st.objects_pending
+        report.inventory_excess = _inventory_excess(cluster.etcd, st)
         for name, samples in report.rss_mib.items():
             half = samples[len(samples) // 2:]
             if len(half) >= 2:
@@ -140,12 +163,15 @@ def main(argv: list[str] | None = None) -> int:
              f"{r.slope_mib_per_min.get(name, 0.0):+.2f}"] for name, s in r.rss_mib.items()]
     print(f"soak {r.seconds:.0f} s, {args.clients} clients: {r.operations} operations, "
           f"{r.wrong_bytes} wrong bytes, errors {r.errors or 'none'}, leases left "
-          f"{r.leases_left}, PENDING left {r.pending_left}")
+          f"{r.leases_left}, PENDING left {r.pending_left}, store inventory entries beyond "
+          f"the master's replicas {r.inventory_excess}")
     print(format_table(["daemon", "RSS start MiB", "RSS end MiB", "slope MiB/min (2nd half)"],
                        rows))
     if args.json:
         Path(args.json).write_text(json.dumps(asdict(r), indent=2))
-    return 0 if r.wrong_bytes == 0 and r.leases_left == 0 and r.pending_left == 0 else 1
+    clean = (r.wrong_bytes == 0 and r.leases_left == 0 and r.pending_left == 0
+             and not any(r.inventory_excess.values()))
+    return 0 if clean else 1
 
 
 if __name__ == "__main__":

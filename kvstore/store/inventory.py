@@ -35,13 +35,36 @@ class Inventory:
             return True
 
     def apply(self, add: list[tuple[bytes, Held]], drop: list[tuple[bytes, int]]) -> None:
+        """One `Apply` delta: the replicas committed here (`add`) and freed from here
+        (`drop`) since the last one, each list in the leader's order.
+
+        The two lists come separately, so how they interleave is lost, and a key can be in
+        both: an object committed and then removed or evicted within one leader tick is
+        added *and* dropped. Its add must count before its drop, or the entry stays for
+        good (every put-then-remove leaked one; see `_sequence`). A drop frees a given
+        replica, named by its offset: it never removes a newer copy of the key."""
+        drops: dict[bytes, list[int]] = {}
+        for key, offset in drop:
+            drops.setdefault(key, []).append(offset)
+        both: dict[bytes, list[Held]] = {}
         with self._lock:
-            for key, offset in drop:
-                held = self._dram.get(key)
-                if held is not None and held.offset == offset:
-                    del self._dram[key]
+            dram = self._dram
             for key, held in add:
-                self._dram[key] = held
+                if key in drops:
+                    both.setdefault(key, []).append(held)
+                else:
+                    dram[key] = held
+            for key, offsets in drops.items():
+                added = both.get(key)
+                events: list[Held | int] = (list(offsets) if added is None
+                                            else _sequence(dram.get(key), added, offsets))
+                for event in events:
+                    if isinstance(event, Held):
+                        dram[key] = event
+                    else:
+                        now = dram.get(key)
+                        if now is not None and now.offset == event:
+                            del dram[key]
 
     def clear(self) -> None:
         with self._lock:
@@ -53,3 +76,27 @@ class Inventory:
 
     def __len__(self) -> int:
         return len(self._dram)
+
+
+def _sequence(current: Held | None, adds: list[Held], drops: list[int]) -> list[Held | int]:
+    """The order in which one key's adds and drops of one delta happened.
+
+    A node holds at most one replica of a key (replicas go to distinct nodes), so the
+    leader's events for a key on a node alternate: add, drop, add, ... Which comes first
+    follows from the counts (one more add: it started with an add; one more drop: with a
+    drop) and, when they are equal, from what the node holds: a drop of the replica held
+    now came first (freed, then written again: the key stays), otherwise the add did
+    (written, then freed within the tick: the key goes)."""
+    if len(adds) != len(drops):
+        drop_first = len(drops) > len(adds)
+    else:
+        drop_first = current is not None and current.offset == drops[0]
+    first: list[Held] | list[int] = drops if drop_first else adds
+    second: list[Held] | list[int] = adds if drop_first else drops
+    out: list[Held | int] = []
+    for i in range(max(len(first), len(second))):
+        if i < len(first):
+            out.append(first[i])
+        if i < len(second):
+            out.append(second[i])
+    return out
