@@ -197,3 +197,28 @@ def test_full_dram_with_ssd_room_makes_writers_wait_instead_of_dropping() -> Non
     finish_all(core)
     assert core.put_start([b"big"], [30 * KiB], [1])[0].code == Code.OK
     assert all(core.exists([f"k{i}".encode() for i in range(8)]))
+
+
+def test_object_removed_mid_demotion_has_its_ssd_file_dropped() -> None:
+    """The node finishes a demotion of an object removed meanwhile: its file must be
+    dropped, or it stays on disk (and would come back after a restart) for ever."""
+    core = make()
+    fill(core, 0, 10)
+    moves = core.drain_tier_moves()
+    assert moves
+    gone = moves[0]
+    assert core.remove([gone.key], force=True) == [Code.OK]
+    core.drain_replica_changes()
+    for m in moves:
+        core.finish_tier_move(m, Code.OK)
+    drops = [c for c in core.drain_replica_changes() if c.key == gone.key]
+    assert [(c.tier, c.offset, c.added, c.node_id) for c in drops] == \
+        [("ssd", gone.ssd_offset, False, "n0")]
+    # a failed demotion wrote nothing to drop
+    core2 = make()
+    fill(core2, 0, 10)
+    moves2 = core2.drain_tier_moves()
+    core2.remove([moves2[0].key], force=True)
+    core2.drain_replica_changes()
+    core2.finish_tier_move(moves2[0], Code.STORE_FULL)
+    assert [c for c in core2.drain_replica_changes() if c.key == moves2[0].key] == []

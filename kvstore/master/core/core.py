@@ -1306,7 +1306,14 @@ class MasterCore:
         s = t.index.get(move.key)
         m = self._moves.get(s) if s is not None else None
         if s is None or m is None or m.kind != move.kind or t.slot_of(m.token) != s:
-            return  # the object went (removed, lost with its node) while moving
+            # The object went (removed, lost with its node) while moving. A demotion the
+            # node carried out left a file under this move's reservation, which nothing
+            # else will ever free: tell the node to drop it (the node skips the drop if
+            # the key has been demoted again since, under another reservation).
+            if move.kind == DEMOTE and code == Code.OK and self.journal is not None:
+                self.journal.append(ReplicaChange(move.node_id, SSD, move.key, move.ssd_offset,
+                                                  move.size, move.checksum, False))
+            return
         del self._moves[s]
         by_id = self._segments.by_id
         dest = by_id.get(m.dest >> OFFSET_BITS)
