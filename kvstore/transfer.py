@@ -28,7 +28,28 @@ PROTOCOLS = ("tcp", "rdma")
 # frozen process, a cut link) would otherwise hold a client call for 30 s, whatever
 # timeout the client was given.
 TIMEOUT_ENV = "MC_TRANSFER_TIMEOUT"
+# The TCP transport's liveness deadlines (whole seconds, default 30; read from the
+# environment whenever a connection waits): a connection that makes no progress for that
+# long is dropped and its transfers fail. They must expire before the batch timeout: a
+# batch the engine gives up on while its connection lives on is completed later, and the
+# late bytes land in our buffer, by then holding another read (wrong bytes, seen with a
+# cut link) or the caller's tensor. Dropping the connection first ends them for good.
+LIVENESS_ENV = ("MC_TCP_PROGRESS_TIMEOUT_SEC", "MC_TCP_STATUS_TIMEOUT_SEC")
+BATCH_SLACK = 2  # s: how much later than the liveness deadline a batch times out
 _env_lock = threading.Lock()
+_liveness_set: dict[str, int] = {}  # the liveness values we set (not the operator)
+
+
+def _set_liveness(seconds: int) -> None:
+    """Process-wide (the engine reads them per wait): the smallest client timeout wins;
+    a value the operator set is left alone."""
+    for name in LIVENESS_ENV:
+        ours = _liveness_set.get(name)
+        if ours is None and name in os.environ:
+            continue
+        value = seconds if ours is None else min(ours, seconds)
+        os.environ[name] = str(value)
+        _liveness_set[name] = value
 
 
 def _engine_class() -> Any:
@@ -48,15 +69,19 @@ class Transfer:
 
     def __init__(self, host: str = "127.0.0.1", protocol: str = "tcp", device: str = "",
                  timeout: float | None = None) -> None:
-        """`timeout`: seconds after which a batch that has not finished fails (rounded up
-        to whole seconds; the engine's default of 30 s if None or if MC_TRANSFER_TIMEOUT
-        is set in the environment)."""
+        """`timeout`: seconds (rounded up) without progress after which a transfer to a
+        store node fails and its connection is dropped; the batch as a whole fails
+        BATCH_SLACK s later at most. None: the engine's defaults (30 s). Variables the
+        operator set (MC_TRANSFER_TIMEOUT, MC_TCP_*_TIMEOUT_SEC) win."""
         if protocol not in PROTOCOLS:
             raise InvalidArgument(f"unknown transfer protocol {protocol!r}; use one of {PROTOCOLS}")
         with _env_lock:
             given = os.environ.get(TIMEOUT_ENV)
-            if timeout is not None and given is None:
-                os.environ[TIMEOUT_ENV] = str(max(1, math.ceil(timeout)))
+            if timeout is not None:
+                seconds = max(1, math.ceil(timeout))
+                _set_liveness(seconds)
+                if given is None:
+                    os.environ[TIMEOUT_ENV] = str(seconds + BATCH_SLACK)
             try:
                 self._engine = _engine_class()()
                 rc = self._engine.initialize(host, "P2PHANDSHAKE", protocol, device)

@@ -1,7 +1,7 @@
-"""The Transfer Engine gets the client's timeout (MC_TRANSFER_TIMEOUT, read when it is
-constructed): a store node that stops answering fails a transfer at the client's timeout
-instead of the engine's default 30 s; a first contact (the engine's handshake, 60 s in
-Mooncake) is bounded by the same timeout through a probe."""
+"""The Transfer Engine gets the client's timeout: a connection to a store node that stops
+answering is dropped after it (MC_TCP_*_TIMEOUT_SEC) and the batch fails soon after
+(MC_TRANSFER_TIMEOUT), instead of the engine's default 30 s; a first contact (the
+engine's handshake, 60 s in Mooncake) is bounded by the same timeout through a probe."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 import kvstore.transfer
 from kvstore.errors import Unavailable
-from kvstore.transfer import TIMEOUT_ENV, Transfer
+from kvstore.transfer import LIVENESS_ENV, TIMEOUT_ENV, Transfer
 
 
 class FakeEngine:
@@ -34,28 +34,38 @@ class FakeEngine:
 @pytest.fixture(autouse=True)
 def fake_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kvstore.transfer, "_engine_class", lambda: FakeEngine)
-    monkeypatch.delenv(TIMEOUT_ENV, raising=False)
+    monkeypatch.setattr(kvstore.transfer, "_liveness_set", {})
+    for name in (TIMEOUT_ENV, *LIVENESS_ENV):
+        monkeypatch.delenv(name, raising=False)
     FakeEngine.seen = []
 
 
-def test_the_timeout_reaches_the_engine_in_whole_seconds_and_leaves_no_trace() -> None:
+def test_the_timeout_reaches_the_engine_in_whole_seconds() -> None:
     Transfer(timeout=4.2)
-    assert FakeEngine.seen == ["5", "5"]
-    assert TIMEOUT_ENV not in os.environ
+    # connections without progress for 5 s are dropped; the batch gives up 2 s later
+    assert FakeEngine.seen == ["7", "7"]
+    assert TIMEOUT_ENV not in os.environ  # read at construction only
+    assert [os.environ[n] for n in LIVENESS_ENV] == ["5", "5"]  # read at every wait
     Transfer(timeout=0.1)
-    assert FakeEngine.seen[-1] == "1"
+    assert FakeEngine.seen[-1] == "3"
+    assert [os.environ[n] for n in LIVENESS_ENV] == ["1", "1"]  # the smallest timeout wins
+    Transfer(timeout=10)
+    assert [os.environ[n] for n in LIVENESS_ENV] == ["1", "1"]
 
 
 def test_no_timeout_keeps_the_engine_default() -> None:
     Transfer()
     assert FakeEngine.seen == [None, None]
+    assert not any(n in os.environ for n in LIVENESS_ENV)
 
 
 def test_an_operator_setting_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(TIMEOUT_ENV, "60")
+    monkeypatch.setenv(LIVENESS_ENV[0], "40")
     Transfer(timeout=5)
     assert FakeEngine.seen == ["60", "60"]
     assert os.environ[TIMEOUT_ENV] == "60"
+    assert os.environ[LIVENESS_ENV[0]] == "40" and os.environ[LIVENESS_ENV[1]] == "5"
 
 
 class SlowPeerEngine(FakeEngine):
