@@ -243,6 +243,15 @@ class ClientState:
 
     # -- moving bytes ---------------------------------------------------------------------
 
+    def pipelined(self, sizes: Sequence[int]) -> list[tuple[int, int]]:
+        """The groups to move a batch of these sizes in (see `groups`): one group when
+        every node met so far is reached by memcpy, which runs in the caller's thread and
+        so overlaps nothing; extra control calls would only cost."""
+        known = self._local_known
+        if known and all(known.values()):
+            return [(0, len(sizes))]
+        return groups(sizes)
+
     def resolved(self, plan: Plan) -> bool:
         """Whether starting this plan cannot block: same-host targets told apart (that may
         ask etcd) and engine targets known to answer (else they are probed first)."""
@@ -550,7 +559,7 @@ def _put(st: ClientState, keys: list[bytes], srcs: list[Dest],
     inflight: list[tuple[int, list[pb.PutStartItem], list[int], Ticket | None]] = []
     dead: dict[Target, KVStoreError] = {}  # nodes that failed a group: later groups skip them
     try:
-        for lo, hi in groups([d.view.nbytes for d in srcs]):
+        for lo, hi in st.pipelined([d.view.nbytes for d in srcs]):
             if fill is not None:
                 fill(lo, hi)
             items, started, plan = yield from _put_start(st, keys, srcs, lo, hi, results)
@@ -724,7 +733,7 @@ def get_into(st: ClientState, keys: Sequence[bytes], buffers: Sequence[Any],
     inflight: list[tuple[float, list[tuple[int, pb.ReadItem]], list[_Sent], Ticket]] = []
     expired = False
     try:
-        for lo, hi in groups([d.view.nbytes for d in dests]):
+        for lo, hi in st.pipelined([d.view.nbytes for d in dests]):
             sent_at = time.monotonic()
             reply = yield Rpc("GetReplicas", pb.GetReplicasRequest(
                 keys=checked[lo:hi], lease_id=lease.id if lease else 0, holder=st.writer_id))

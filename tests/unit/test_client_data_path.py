@@ -25,6 +25,7 @@ from kvstore.v1 import common_pb2 as cpb
 from kvstore.v1 import master_pb2 as pb
 from kvstore_client import AsyncKVStoreClient, KVStoreClient, flows
 from kvstore_client.flows import ClientState, Xfer
+from kvstore_client.local import LocalSegment
 from kvstore_client.staging import Staging
 
 KiB = 1 << 10
@@ -125,10 +126,13 @@ class FakeTransfer:
 
 
 class FakeLocal:
-    """No same-host segment: everything goes through the (fake) engine."""
+    """No same-host segment (everything goes through the fake engine), or with `segment`
+    set, the node's memory mapped here: memcpy."""
 
-    def get(self, segment: str, node_id: str) -> None:
-        return None
+    segment: LocalSegment | None = None
+
+    def get(self, segment: str, node_id: str) -> LocalSegment | None:
+        return self.segment
 
     def forget(self, segment: str, node_id: str) -> None:
         pass
@@ -216,8 +220,9 @@ class Rig:
         self.node = FakeNode()
         self.transfer = FakeTransfer(self.trace)
         self.master = FakeMaster(self.node, self.transfer, self.trace)
+        self.local = FakeLocal()
         self.state = ClientState(self.transfer, Staging(self.transfer, 1 << 20),  # type: ignore[arg-type]
-                                 FakeLocal(), "writer-1", 0)  # type: ignore[arg-type]
+                                 self.local, "writer-1", 0)  # type: ignore[arg-type]
         self.client = KVStoreClient.__new__(KVStoreClient)
         self.client._state = self.state
         self.client._call = self.master.call  # type: ignore[method-assign]
@@ -454,3 +459,24 @@ def test_async_client_pipelines_and_waits_the_same_way(rig: Rig) -> None:
     assert dst.tobytes() == b"".join(values)
     assert rig.rpcs().count("PutStart") == 4
     assert set(rig.master.moving_at_release) == {0} and not rig.transfer.moving
+
+
+def test_same_host_batches_are_not_pipelined_once_the_node_is_known(rig: Rig) -> None:
+    node = rig.node
+    rig.local.segment = LocalSegment(NODE, node.base, node.mem.nbytes, node.base, None)  # type: ignore[arg-type]
+    n, size = 8, 8 * KiB
+    keys = [f"s{i}".encode() for i in range(n)]
+    values = _values(n, size, seed=12)
+    src, dst = _buffers(rig, values, size)
+    # The first call cannot know yet that the node is local: pipelined.
+    warm = [f"w{i}".encode() for i in range(n)]
+    assert rig.client.put_from(warm, _slices(src, n, size)) == [None] * n
+    assert rig.rpcs().count("PutStart") == 4
+    rig.trace.clear()
+    # memcpy runs in the caller's thread and overlaps nothing: one group, two control calls
+    assert rig.client.put_from(keys, _slices(src, n, size)) == [None] * n
+    assert rig.rpcs() == ["PutStart", "PutEnd"]
+    assert rig.client.get_into(keys, _slices(dst, n, size)) == [None] * n
+    assert rig.rpcs() == ["PutStart", "PutEnd", "GetReplicas"]
+    assert dst.tobytes() == b"".join(values)
+    assert rig.client.stats.local_transfers >= 2 * n and not any(e[0] == "start" for e in rig.trace)
