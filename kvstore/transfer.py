@@ -101,6 +101,11 @@ class Transfer:
         # batches on one instance; the async client calls from worker threads.
         self._lock = threading.Lock()
         self.timeout = timeout
+        # What the engine's blocking calls wait before they give up on a batch (its own
+        # floor is 5 s); the client's polled transfers give up at the same point, after
+        # the liveness deadlines have dropped a dead connection.
+        self.batch_timeout = float(max(5, int(given)) if given and given.isdigit() else
+                                   seconds + BATCH_SLACK if timeout is not None else 30)
         # Segments whose handshake port answered a probe since their last failed batch,
         # and probes still waiting for an answer (segment -> [rc] once answered).
         self._answered: set[str] = set()

@@ -282,10 +282,9 @@ class ClientState:
                 self._local_known[target] = False
                 remote.append((target, items))
         t.total = sum(x.size for _, items in remote for x in items)
-        # The batch fails once this passes, like the engine's own blocking calls: the
-        # client's timeout (or 30 s), plus 1 s per GB.
-        t.deadline = time.monotonic() + (self.transfer.timeout or TRANSFER_TIMEOUT) + \
-            t.total * 1e-9
+        # The batch fails once this passes, like the engine's own blocking calls (about
+        # the client's timeout), plus 1 s per GB.
+        t.deadline = time.monotonic() + self.transfer.batch_timeout + t.total * 1e-9
         if t.total <= SYNC_MAX:
             t.small = remote
             return t
@@ -400,9 +399,6 @@ POLL_RATE = 8e9
 POLL_MIN = 20e-6
 POLL_MAX = 2e-3
 POLL_WINDOW = 8
-# A polled batch not done after the client's timeout (this when it has none) plus 1 s per
-# GB is abandoned and reported unavailable, as the engine's blocking calls do.
-TRANSFER_TIMEOUT = 30.0
 
 
 def pieces(items: list[Xfer], piece: int = 0) -> list[tuple[int, int, int, list[Xfer]]]:

@@ -57,6 +57,7 @@ class FakeTransfer:
     `polls` status checks (random per transfer when `shuffle`)."""
 
     timeout = None  # no probing: every node answers
+    batch_timeout = 30.0
 
     def __init__(self, trace: list[tuple[Any, ...]]) -> None:
         self.trace = trace
@@ -381,9 +382,8 @@ def test_a_control_failure_mid_pipeline_waits_for_what_moves(rig: Rig) -> None:
     assert rig.master.moving_at_release == [0] and not rig.transfer.moving
 
 
-def test_a_hung_transfer_is_abandoned_after_the_timeout(rig: Rig,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(flows, "TRANSFER_TIMEOUT", 0.05)
+def test_a_hung_transfer_is_abandoned_after_the_timeout(rig: Rig) -> None:
+    rig.transfer.batch_timeout = 0.05
     n, size = 4, 8 * KiB
     keys = [f"h{i}".encode() for i in range(n)]
     src, dst = _buffers(rig, _values(n, size, seed=7), size)

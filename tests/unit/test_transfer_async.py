@@ -10,7 +10,7 @@ import pytest
 
 import kvstore.transfer
 from kvstore.errors import Unavailable
-from kvstore.transfer import Transfer
+from kvstore.transfer import BATCH_SLACK, LIVENESS_ENV, TIMEOUT_ENV, Transfer
 
 
 class FakeEngine:
@@ -52,7 +52,19 @@ class FakeEngine:
 def engine(monkeypatch: pytest.MonkeyPatch) -> FakeEngine:
     fake = FakeEngine()
     monkeypatch.setattr(kvstore.transfer, "_engine_class", lambda: lambda: fake)
+    monkeypatch.setattr(kvstore.transfer, "_liveness_set", {})
+    for name in (TIMEOUT_ENV, *LIVENESS_ENV):
+        monkeypatch.delenv(name, raising=False)
     return fake
+
+
+def test_polled_batches_give_up_when_the_blocking_ones_do(engine: FakeEngine,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # after the liveness deadline has dropped a dead connection (see kvstore.transfer)
+    assert Transfer(timeout=4.2).batch_timeout == 5 + BATCH_SLACK
+    assert Transfer().batch_timeout == 30
+    monkeypatch.setenv(TIMEOUT_ENV, "60")  # the operator's setting wins
+    assert Transfer(timeout=4.2).batch_timeout == 60
 
 
 def test_each_transfer_is_one_engine_batch_polled_until_done(engine: FakeEngine) -> None:
