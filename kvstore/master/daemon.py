@@ -263,8 +263,17 @@ class MasterDaemon:
                               dram_offset=m.dram_offset, ssd_offset=m.ssd_offset)
                  for m in moves]
         codes = await self.links.move(node_id, items)
+        failed: dict[str, int] = {}
         for i, m in enumerate(moves):
-            self.core.finish_tier_move(m, Code(codes[i]) if codes else Code.UNAVAILABLE)
+            code = Code(codes[i]) if codes else Code.UNAVAILABLE
+            if code != Code.OK:
+                failed[f"{m.kind} {code.name}"] = failed.get(f"{m.kind} {code.name}", 0) + 1
+            self.core.finish_tier_move(m, code)
+        if failed:
+            # A full or failing SSD shows here (demotions then end as evictions), not as
+            # errors to clients: say so where an operator looks.
+            log.warning("tier moves on node %s failed: %s", node_id,
+                        ", ".join(f"{n} x {what}" for what, n in sorted(failed.items())))
 
     async def _tick_loop(self) -> None:
         flush: asyncio.Task[None] | None = None

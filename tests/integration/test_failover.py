@@ -64,7 +64,7 @@ def test_kill_leader_standby_takes_over_with_the_cache(cluster_factory: Cluster)
                         outcomes.append((time.monotonic() - t0, type(exc).__name__))
                     i += 1
 
-        t = threading.Thread(target=reader)
+        t = threading.Thread(target=reader, daemon=True)  # a failed assert must not hang pytest
         t.start()
         time.sleep(0.5)
         killed_at = time.monotonic()
@@ -147,7 +147,7 @@ def test_etcd_restart_under_traffic_recovers_without_operator(cluster: Cluster) 
                     time.sleep(0.05)
                 i += 1
 
-    t = threading.Thread(target=traffic)
+    t = threading.Thread(target=traffic, daemon=True)
     t.start()
     try:
         time.sleep(1.0)
