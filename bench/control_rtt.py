@@ -1,0 +1,121 @@
+"""One control round trip, and its floor on this machine.
+
+    python -m bench.control_rtt [--calls 3000]
+
+A single get costs one GetReplicas round trip before any byte moves, so its latency
+can be no lower than this. Prints p10/p50/p99 of:
+- a bare uvloop echo server in another process, 40-byte messages over loopback TCP
+  (the floor for any Python server here: two process wake-ups and four syscalls);
+- the master's fast channel: GetConfig (no keys), Exists of 1 key, Lookup of 1 missing
+  key, GetReplicas of 1 present key (a lease granted, then released one-way).
+Re-executes itself in a private network namespace (it starts a store node).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.clusters import ours
+from bench.netns import ensure_private_netns
+from bench.stats import format_table
+from kvstore.coord.etcd import read_key_sync
+from kvstore.coord.layout import Layout, MasterRecord
+from kvstore.rpc.client import FastChannel
+from kvstore.v1 import master_pb2 as pb
+from kvstore_client import KVStoreClient
+
+
+def _echo_server(ports: mp.Queue) -> None:  # type: ignore[type-arg]
+    import uvloop
+
+    class Echo(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport: asyncio.Transport = transport  # type: ignore[assignment]
+
+        def data_received(self, data: bytes) -> None:
+            self.transport.write(data)
+
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_server(Echo, "127.0.0.1", 0)
+        ports.put(server.sockets[0].getsockname()[1])
+        await asyncio.sleep(3600)
+
+    uvloop.run(main())
+
+
+def percentiles(samples: list[float]) -> list[str]:
+    samples.sort()
+    return [f"{samples[int(len(samples) * q)] * 1e6:.0f} µs" for q in (0.1, 0.5, 0.99)]
+
+
+def timed(calls: int, fn: Callable[[], object]) -> list[float]:
+    out = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def echo_row(calls: int, name: str) -> list[str]:
+    ports: mp.Queue = mp.Queue()  # type: ignore[type-arg]
+    echo = mp.Process(target=_echo_server, args=(ports,), daemon=True)
+    echo.start()
+    try:
+        with socket.create_connection(("127.0.0.1", ports.get(timeout=10))) as s:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+            def ping() -> None:
+                s.sendall(b"x" * 40)
+                s.recv(100)
+
+            return [name, *percentiles(timed(calls, ping))]
+    finally:
+        echo.terminate()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--calls", type=int, default=3000)
+    args = p.parse_args()
+    ensure_private_netns("bench.control_rtt")
+    rows = [echo_row(args.calls, "uvloop echo (the floor), before")]
+    with tempfile.TemporaryDirectory(prefix="kvstore-rtt-") as tmp, \
+            ours(Path(tmp), dram="256MiB") as cluster:
+        raw = read_key_sync(cluster.etcd, Layout().leader)
+        assert raw is not None
+        channel = FastChannel(MasterRecord.decode(raw).fast)
+        with KVStoreClient(etcd=cluster.etcd) as client:
+            client.put(b"present", b"x" * 65536)
+
+        def call(method: str, request: object) -> Callable[[], object]:
+            return lambda: channel.call(method, request, 5.0)  # type: ignore[arg-type]
+
+        def replicas() -> None:
+            r = channel.call("GetReplicas", pb.GetReplicasRequest(keys=[b"present"], holder="b"), 5.0)
+            channel.send_oneway("ReleaseLease", pb.ReleaseLeaseRequest(
+                lease_id=r.lease_id), 5.0)  # type: ignore[attr-defined]
+
+        for name, fn in (("GetConfig", call("GetConfig", pb.GetConfigRequest())),
+                         ("Exists, 1 key", call("Exists", pb.KeysRequest(keys=[b"present"]))),
+                         ("Lookup, 1 missing key", call("Lookup", pb.LookupRequest(keys=[b"no"]))),
+                         ("GetReplicas, 1 key + release", replicas)):
+            fn()  # connect
+            rows.append([f"fast channel: {name}", *percentiles(timed(args.calls, fn))])
+        channel.close()
+    # Again after: the floor itself moves with the machine's load (a shared VM).
+    rows.append(echo_row(args.calls, "uvloop echo (the floor), after"))
+    print(f"{args.calls} calls each, one at a time")
+    print(format_table(["call", "p10", "p50", "p99"], rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
