@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import sys
+import time
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -86,10 +87,44 @@ def default_format() -> str:
     return value if value in FORMATS else "text"
 
 
+class RateLimit(logging.Filter):
+    """At most `burst` records per `period` seconds from loggers under `prefix`; then one
+    line saying how many were dropped. grpc's server logs an ERROR with a traceback for
+    every request that does not deserialize, so anyone who can reach a port could
+    otherwise fill the disk with logs."""
+
+    def __init__(self, prefix: str = "grpc", burst: int = 20, period: float = 60.0,
+                 clock: Any = None) -> None:
+        super().__init__()
+        self.prefix = prefix
+        self.burst = burst
+        self.period = period
+        self.clock = clock or time.monotonic
+        self._start = -float("inf")
+        self._count = 0
+        self.dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(self.prefix):
+            return True
+        now = self.clock()
+        if now - self._start >= self.period:
+            if self.dropped:
+                record.msg = (f"[{self.dropped} more {self.prefix} log records dropped in the last "
+                              f"{self.period:.0f} s] {record.msg}")
+            self._start, self._count, self.dropped = now, 0, 0
+        self._count += 1
+        if self._count > self.burst:
+            self.dropped += 1
+            return False
+        return True
+
+
 def setup_logging(level: str = "info", fmt: str = "text", stream: TextIO | None = None) -> None:
     """Send every logger's records to `stream` (stderr) as `fmt` lines at `level`."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(RateLimit())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -68,3 +68,25 @@ def test_the_default_format_comes_from_the_environment(monkeypatch: pytest.Monke
     assert default_format() == "text"
     monkeypatch.delenv("KVSTORE_LOG_FORMAT")
     assert default_format() == "text"
+
+
+def test_grpc_records_are_rate_limited() -> None:
+    """A flood of grpc errors (one per malformed request) stops after a burst; the next
+    period's first record says how many were dropped; our own records always pass."""
+    import logging
+
+    from kvstore.logs import RateLimit
+
+    now = [0.0]
+    f = RateLimit(burst=3, period=60.0, clock=lambda: now[0])
+
+    def rec(name: str, msg: str = "boom") -> logging.LogRecord:
+        return logging.LogRecord(name, logging.ERROR, __file__, 1, msg, None, None)
+
+    passed = [f.filter(rec("grpc._cython.cygrpc")) for _ in range(10)]
+    assert passed == [True] * 3 + [False] * 7
+    assert all(f.filter(rec("kvstore.master.daemon")) for _ in range(10))
+    now[0] = 61.0
+    r = rec("grpc._cython.cygrpc", "again")
+    assert f.filter(r)
+    assert r.getMessage() == "[7 more grpc log records dropped in the last 60 s] again"
