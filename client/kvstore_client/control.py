@@ -107,7 +107,7 @@ class Retry(Exception):
 
 
 def uses_tls(record: MasterRecord, creds: Credentials) -> bool:
-    return record.tls or bool(creds.tls_ca)
+    return creds.wants_tls(record.tls)
 
 
 def tls_refused(address: str, exc: ssl.SSLError) -> Unavailable:
@@ -115,22 +115,6 @@ def tls_refused(address: str, exc: ssl.SSLError) -> Unavailable:
         f"cannot verify the master's TLS certificate at {address} ({exc.reason or exc}); "
         "give the client the CA that signed it (tls_ca= or KVSTORE_TLS_CA), or the name in "
         "the certificate (tls_server_name=)")
-
-
-def _grpc_channel(address: str, tls: bool, creds: Credentials) -> grpc.Channel:
-    if tls:
-        t = creds.tls
-        return grpc.secure_channel(address, t.grpc_credentials(),
-                                   options=GRPC_OPTIONS + t.grpc_options())
-    return grpc.insecure_channel(address, options=GRPC_OPTIONS)
-
-
-def _aio_grpc_channel(address: str, tls: bool, creds: Credentials) -> grpc.aio.Channel:
-    if tls:
-        t = creds.tls
-        return grpc.aio.secure_channel(address, t.grpc_credentials(),
-                                       options=GRPC_OPTIONS + t.grpc_options())
-    return grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
 
 
 def _fast_args(address: str, tls: bool, creds: Credentials) -> dict[str, Any]:
@@ -172,7 +156,7 @@ class GrpcControl:
     def __init__(self, address: str, tls: bool = False, creds: Credentials | None = None) -> None:
         creds = creds or Credentials()
         self.address = address
-        self._channel = _grpc_channel(address, tls, creds)
+        self._channel: grpc.Channel = creds.grpc_channel(address, tls, GRPC_OPTIONS)
         self._md = creds.metadata()
         self._stub = pbg.MasterStub(self._channel)
         # grpc cancels a call whose future is garbage-collected: hold each until done.
@@ -244,7 +228,7 @@ class AsyncGrpcControl:
     def __init__(self, address: str, tls: bool = False, creds: Credentials | None = None) -> None:
         creds = creds or Credentials()
         self.address = address
-        self._channel = _aio_grpc_channel(address, tls, creds)
+        self._channel: grpc.aio.Channel = creds.grpc_channel(address, tls, GRPC_OPTIONS, aio=True)
         self._md = creds.metadata()
         self._stub = pbg.MasterStub(self._channel)
 

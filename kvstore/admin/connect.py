@@ -97,12 +97,7 @@ class Admin:
     def _connect(self) -> pbg.MasterStub:
         if self._stub is None:
             self.address = self._leader_address()
-            if self._tls or self.creds.tls_ca:
-                tls = self.creds.tls
-                self._channel = grpc.secure_channel(self.address, tls.grpc_credentials(),
-                                                    options=_OPTIONS + tls.grpc_options())
-            else:
-                self._channel = grpc.insecure_channel(self.address, options=_OPTIONS)
+            self._channel = self.creds.grpc_channel(self.address, self._tls, _OPTIONS)
             self._stub = pbg.MasterStub(self._channel)
         return self._stub
 

@@ -29,7 +29,7 @@ from kvstore.master.nodes import NodeLinks
 from kvstore.master.service import MasterService, add_to_server
 from kvstore.rpc.framing import join_address, split_address
 from kvstore.rpc.server import FastServer
-from kvstore.security.access import AccessList, Authenticator
+from kvstore.security.access import Authenticator
 from kvstore.security.daemons import DaemonSecurity
 from kvstore.v1 import store_pb2 as spb
 
@@ -174,22 +174,16 @@ class MasterDaemon:
     def reload_access(self) -> None:
         """SIGHUP: read the access file again (new or revoked tokens, quotas). Open fast
         connections are closed, so that each authenticates again with the new file."""
-        path = self.security.access.source if self.security.access is not None else ""
-        if not path:
-            log.warning("SIGHUP: no --auth-file to reload")
-            return
         try:
-            access = AccessList.load(path)
+            access = self.auth.reload()
         except KVStoreError as exc:
-            log.error("SIGHUP: keeping the old access file: %s", exc.message)
+            log.error("SIGHUP: keeping the access file as it was: %s", exc.message)
             return
         self.security = replace(self.security, access=access)
-        self.auth.access = access
-        self.auth.forget()
         self.core.set_quotas(access.quotas())
         if self._fast is not None:
             self._fast.drop_connections()
-        log.info("access file %s reloaded: %d token(s), %d tenant(s)", path,
+        log.info("access file %s reloaded: %d token(s), %d tenant(s)", access.source,
                  len(access.principals), len(access.tenants))
 
     def _mount(self, raw: bytes) -> str | None:

@@ -200,6 +200,16 @@ class Authenticator:
         """Drop cached tokens (after the access file changed)."""
         self._cache.clear()
 
+    def reload(self) -> AccessList:
+        """Read the access file again and check tokens against it from now on. Raises
+        InvalidArgument (the old file stays in force) when there is none, or it is bad."""
+        if self.access is None or not self.access.source:
+            raise InvalidArgument("no --auth-file to reload")
+        fresh = AccessList.load(self.access.source)
+        self.access = fresh
+        self.forget()
+        return fresh
+
     def from_metadata(self, metadata: Any) -> Principal:
         """The principal of a gRPC call from its `authorization: Bearer ...` metadata."""
         if self.access is None:

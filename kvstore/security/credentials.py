@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
+import grpc.aio
+
 from kvstore.errors import InvalidArgument
 from kvstore.security.tls import ClientTls
 
@@ -50,6 +53,18 @@ class Credentials:
     @property
     def tls(self) -> ClientTls:
         return ClientTls(self.tls_ca, self.tls_cert, self.tls_key, self.tls_server_name)
+
+    def wants_tls(self, announced: bool) -> bool:
+        """TLS if the server announces it, and always once a CA was given: an etcd entry
+        must not talk a client that expects TLS into sending its token in the clear."""
+        return announced or bool(self.tls_ca)
+
+    def grpc_channel(self, address: str, announced_tls: bool, options: list[tuple[str, Any]],
+                     *, aio: bool = False) -> Any:
+        """A gRPC channel to a master: TLS when `wants_tls`, else plaintext."""
+        if self.wants_tls(announced_tls):
+            return self.tls.secure_channel(address, options, aio=aio)
+        return (grpc.aio if aio else grpc).insecure_channel(address, options=options)
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()

@@ -104,9 +104,8 @@ class DaemonSecurity:
         interceptors = [TokenInterceptor(self.token)] if self.token else None
         if tls or self.peer_tls is not None:
             peer = self.peer_tls or ClientTls()  # no --tls-ca: the system's roots
-            return grpc.aio.secure_channel(address, peer.grpc_credentials(),
-                                           options=(options or []) + peer.grpc_options(),
-                                           interceptors=interceptors)  # type: ignore[arg-type]
+            return peer.secure_channel(address, options, aio=True,  # type: ignore[no-any-return]
+                                       interceptors=interceptors)
         return grpc.aio.insecure_channel(address, options=options,
                                          interceptors=interceptors)  # type: ignore[arg-type]
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
+import grpc.aio
 
 from kvstore.errors import InvalidArgument
 
@@ -65,6 +67,16 @@ class ClientTls:
 
     def grpc_options(self) -> list[tuple[str, str]]:
         return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
+
+    def secure_channel(self, address: str, options: list[tuple[str, Any]] | None = None, *,
+                       aio: bool = False, interceptors: list[Any] | None = None) -> Any:
+        """A gRPC channel (blocking, or grpc.aio with `aio`) that checks the server as
+        configured here."""
+        opts = list(options or []) + self.grpc_options()
+        if aio:
+            return grpc.aio.secure_channel(address, self.grpc_credentials(), options=opts,
+                                           interceptors=interceptors)
+        return grpc.secure_channel(address, self.grpc_credentials(), options=opts)
 
     def ssl_context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=self.ca or None)

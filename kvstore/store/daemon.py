@@ -29,7 +29,7 @@ import grpc
 from kvstore.coord.etcd import Etcd
 from kvstore.coord.layout import Layout, MasterRecord, NodeRecord
 from kvstore.errors import InvalidArgument, KVStoreError
-from kvstore.security.access import AccessList, Authenticator
+from kvstore.security.access import Authenticator
 from kvstore.security.daemons import DaemonSecurity
 from kvstore.store.inventory import Inventory
 from kvstore.store.segment import DramSegment, boot_id
@@ -128,18 +128,12 @@ class StoreDaemon:
 
     def reload_access(self) -> None:
         """SIGHUP: read the access file again (e.g. a rotated node token)."""
-        access = self.security.access
-        if access is None or not access.source:
-            log.warning("SIGHUP: no --auth-file to reload")
-            return
         try:
-            fresh = AccessList.load(access.source)
+            access = self.auth.reload()
         except KVStoreError as exc:
-            log.error("SIGHUP: keeping the old access file: %s", exc.message)
+            log.error("SIGHUP: keeping the access file as it was: %s", exc.message)
             return
-        self.auth.access = fresh
-        self.auth.forget()
-        log.info("access file %s reloaded: %d token(s)", access.source, len(fresh.principals))
+        log.info("access file %s reloaded: %d token(s)", access.source, len(access.principals))
 
     def _open_ssd(self) -> None:
         if self.opts.ssd <= 0:

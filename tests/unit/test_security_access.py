@@ -171,3 +171,25 @@ def test_dev_certificates_pass_strict_verification(tmp_path: Path) -> None:
         assert c.recv(5) == b"hello"
     t.join(5)
     assert not errors
+
+
+def test_authenticator_reload_swaps_the_file_or_keeps_the_old_one(tmp_path: Path) -> None:
+    tok = new_token()
+    path = tmp_path / "access.json"
+
+    def write(tokens: list[dict[str, str]]) -> None:
+        path.write_text(json.dumps({"tenants": {"t": {}}, "tokens": tokens}))
+
+    write([{"name": "c", "role": "client", "tenant": "t", "sha256": token_hash(tok)}])
+    auth = Authenticator(AccessList.load(path))
+    assert auth.principal(tok).tenant == "t"
+    write([])  # revoked
+    assert auth.reload().principals == {}
+    with pytest.raises(Unauthenticated):
+        auth.principal(tok)  # the cache was dropped too
+    path.write_text("{")
+    with pytest.raises(InvalidArgument, match="not valid JSON"):
+        auth.reload()
+    assert auth.access is not None and auth.access.principals == {}  # the old one stays
+    with pytest.raises(InvalidArgument, match="no --auth-file"):
+        Authenticator(None).reload()
