@@ -312,3 +312,48 @@ def test_etcd_over_tls_with_client_certificates(tmp_path: Path, monkeypatch: pyt
             assert client.get(b"over-tls") == b"t" * 5000
     finally:
         c.stop()
+
+
+def test_certificates_with_one_dns_name_and_tls_server_name(cluster_factory: Cluster,
+                                                            tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Certificates naming one DNS name only (no IP SANs): daemons check each other with
+    --tls-server-name, clients with tls_server_name; without it a client is refused."""
+    monkeypatch.setenv("KVSTORE_CREDENTIALS", str(tmp_path / "none.json"))
+    c = cluster_factory
+    ca, cert, key = make_ca_and_cert(tmp_path / "dns", ["kvstore.test"])
+    tok = new_token()
+    access = tmp_path / "access.json"
+    access.write_text(json.dumps({
+        "tenants": {"t": {}},
+        "tokens": [{"name": "c", "role": "client", "tenant": "t", "sha256": token_hash(tok)},
+                   {"name": "n", "role": "node", "sha256": token_hash("node-secret")}]}))
+    (tmp_path / "node.token").write_text("node-secret")
+    flags = ["--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(ca),
+             "--tls-server-name", "kvstore.test", "--auth-file", str(access),
+             "--token-file", str(tmp_path / "node.token")]
+    c.start_master(*flags)
+    c.start_store("64MiB", *flags)
+    deadline = time.monotonic() + 40
+    while True:  # the node mounts only if master and node accept each other's names
+        try:
+            with KVStoreClient(etcd=c.etcd, token=tok, tls_ca=str(ca), timeout=5,
+                               tls_server_name="kvstore.test") as client:
+                if client.put_many([b"dns"], [b"d" * 3000]) == [None]:
+                    assert client.get(b"dns") == b"d" * 3000
+                    break
+        except Unavailable:
+            pass
+        assert time.monotonic() < deadline, "no put through DNS-named certificates:\n" + c.logs()
+        time.sleep(0.3)
+    # the node reached the master over TLS (MountSegment), and the master the node
+    # (inventory deltas), each checking the other's certificate for kvstore.test
+    node = c.stores[0]
+    while "mounted at master" not in node.log.read_text():
+        assert time.monotonic() < deadline, c.logs()
+        time.sleep(0.2)
+    time.sleep(0.5)  # a few ticks of deltas
+    assert "inventory delta to node" not in c.masters[0][0].log.read_text(), c.logs()
+    with pytest.raises(Unavailable, match="certificate"), \
+            KVStoreClient(etcd=c.etcd, token=tok, tls_ca=str(ca), timeout=5) as client:
+        client.exists([b"dns"])
