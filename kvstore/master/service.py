@@ -213,6 +213,8 @@ class MasterService(pbg.MasterServicer):
                 item.code = int(r.code)
             if r.message:
                 item.message = r.message
+            if r.placement:
+                item.placement = r.placement
             _add_locations(item.locations, r.locations)
         return reply
 
@@ -252,6 +254,8 @@ class MasterService(pbg.MasterServicer):
                 item.code = int(i.code)
             item.size = i.size
             item.checksum = i.checksum
+            if i.placement:
+                item.placement = i.placement
             _add_locations(item.locations, i.locations)
         return reply
 

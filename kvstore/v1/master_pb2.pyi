@@ -42,14 +42,16 @@ class PutStartRequest(_message.Message):
     def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., replicas: _Optional[int] = ..., writer: _Optional[str] = ...) -> None: ...
 
 class PutStartItem(_message.Message):
-    __slots__ = ("code", "message", "locations")
+    __slots__ = ("code", "message", "locations", "placement")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     LOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     code: _common_pb2.Code
     message: str
     locations: _containers.RepeatedCompositeFieldContainer[_common_pb2.Location]
-    def __init__(self, code: _Optional[_Union[_common_pb2.Code, str]] = ..., message: _Optional[str] = ..., locations: _Optional[_Iterable[_Union[_common_pb2.Location, _Mapping]]] = ...) -> None: ...
+    placement: int
+    def __init__(self, code: _Optional[_Union[_common_pb2.Code, str]] = ..., message: _Optional[str] = ..., locations: _Optional[_Iterable[_Union[_common_pb2.Location, _Mapping]]] = ..., placement: _Optional[int] = ...) -> None: ...
 
 class PutStartResponse(_message.Message):
     __slots__ = ("error", "epoch", "items")
@@ -98,16 +100,18 @@ class GetReplicasRequest(_message.Message):
     def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., lease_id: _Optional[int] = ..., lease_ttl: _Optional[float] = ..., holder: _Optional[str] = ...) -> None: ...
 
 class ReadItem(_message.Message):
-    __slots__ = ("code", "size", "checksum", "locations")
+    __slots__ = ("code", "size", "checksum", "locations", "placement")
     CODE_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     LOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     code: _common_pb2.Code
     size: int
     checksum: int
     locations: _containers.RepeatedCompositeFieldContainer[_common_pb2.Location]
-    def __init__(self, code: _Optional[_Union[_common_pb2.Code, str]] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., locations: _Optional[_Iterable[_Union[_common_pb2.Location, _Mapping]]] = ...) -> None: ...
+    placement: int
+    def __init__(self, code: _Optional[_Union[_common_pb2.Code, str]] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., locations: _Optional[_Iterable[_Union[_common_pb2.Location, _Mapping]]] = ..., placement: _Optional[int] = ...) -> None: ...
 
 class GetReplicasResponse(_message.Message):
     __slots__ = ("error", "epoch", "lease_id", "ttl_remaining", "items")

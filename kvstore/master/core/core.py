@@ -1018,7 +1018,7 @@ class MasterCore:
             owner = t.pending[s].writer
             if writer and owner == writer and t.size[s] == size and t.checksum[s] == checksum:
                 # The same writer retrying a put_start whose reply it lost.
-                return PutStartResult(Code.OK, self._locations(s))
+                return PutStartResult(Code.OK, self._locations(s), placement=t.placed[s])
             return self._put_failed(
                 "in_progress",
                 f"key is being written by {owner or 'another writer'}; retry after it "
@@ -1063,6 +1063,7 @@ class MasterCore:
         return PutStartResult(
             Code.OK,
             [Location(seg.node_id, seg.name, seg.base_addr + off, size, seg.tier) for seg, off in placed],
+            placement=t.placed[s],
         )
 
     def _full_message(self, now: float) -> str:
@@ -1088,7 +1089,7 @@ class MasterCore:
         locations = [Location(seg.node_id, seg.name, seg.base_addr + (h & OFFSET_MASK), size, seg.tier)]
         if s in t.extra:
             locations = self._locations(s)
-        return ReadResult(Code.OK, size, t.checksum[s], locations)
+        return ReadResult(Code.OK, size, t.checksum[s], locations, t.placed[s])
 
     def _locations(self, s: int) -> list[Location]:
         t = self._objects

@@ -1,8 +1,8 @@
 """The object index: key -> object, and every object's record, stored as columns.
 
 An object lives in a *slot*: a small integer that indexes parallel typed arrays (size,
-checksum, first replica, DRAM footprint, pin count, generation, two timestamps). The
-index maps each key to its slot.
+checksum, first replica, DRAM footprint, pin count, generation, placement, two
+timestamps). The index maps each key to its slot.
 
 Why columns and not one slotted Python object per record: a `__slots__` record with its
 own int and float objects costs ~240 bytes per object before the key; as array columns
@@ -14,6 +14,13 @@ A slot is reused after its object goes, so anything that must refer to one parti
 object across calls (a lease) holds a *token*: slot and generation together. The
 generation of a slot changes every time it is freed, so a token of a removed object
 never matches the object that later takes its slot.
+
+The *placement* of an object names its current set of replica ranges: a table-wide
+counter, stamped when the object is created and whenever its ranges change
+(`set_handles`). A reader that saw placement P at locations L and later sees P again
+knows the object sat at L, unchanged, all along; no other set of ranges of any object
+gets P until the 32-bit counter wraps (4 billion placements later), which is why a
+client trusts such a memory only for seconds (see the client's placement cache).
 
 States: `pins[slot] == PENDING` while the writer is still writing (not visible to
 readers); `pins[slot] >= 0` once COMPLETE, counting the leases that pin it. Slot 0 is
@@ -60,6 +67,8 @@ class ObjectTable:
         "key_of",
         "pending",
         "pins",
+        "placed",
+        "placements",
         "size",
         "space",
         "touched",
@@ -76,6 +85,8 @@ class ObjectTable:
         self.space = array("q", [0])  # DRAM bytes held across all replicas
         self.pins = array("i", [_FREE])
         self.gen = array("I", [0])
+        self.placed = array("I", [0])
+        self.placements = 0  # the last placement stamped; 0 never names one
         self.created = array("d", [0.0])
         self.touched = array("d", [0.0])
         # Replicas beyond the first, only for the objects that have them.
@@ -115,6 +126,7 @@ class ObjectTable:
             self.where[s] = first
             self.space[s] = space
             self.pins[s] = PENDING
+            self.placed[s] = self._next_placement()
             self.created[s] = now
             self.touched[s] = now
         else:
@@ -128,6 +140,7 @@ class ObjectTable:
             self.space.append(space)
             self.pins.append(PENDING)
             self.gen.append(0)
+            self.placed.append(self._next_placement())
             self.created.append(now)
             self.touched.append(now)
         if rest:
@@ -160,7 +173,13 @@ class ObjectTable:
         rest = self.extra.get(s)
         return (self.where[s], *rest) if rest else (self.where[s],)
 
+    def _next_placement(self) -> int:
+        p = self.placements % _GEN_MASK + 1  # 1 .. 2**32-1
+        self.placements = p
+        return p
+
     def set_handles(self, s: int, handles: tuple[int, ...]) -> None:
+        self.placed[s] = self._next_placement()
         self.where[s] = handles[0]
         if len(handles) > 1:
             self.extra[s] = handles[1:]

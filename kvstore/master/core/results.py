@@ -25,6 +25,7 @@ class PutStartResult:
     code: Code
     locations: list[Location]
     message: str = ""
+    placement: int = 0  # OK: the placement of `locations` (see objects.py)
 
 
 @dataclass(slots=True)
@@ -33,6 +34,7 @@ class ReadResult:
     size: int = 0
     checksum: int = 0
     locations: list[Location] = field(default_factory=list)
+    placement: int = 0  # OK: names this set of locations (see objects.py)
 
 
 @dataclass(slots=True)
