@@ -110,6 +110,10 @@ class Api:
         """Objects moved by a same-host memcpy path so far (None: no such path)."""
         return None
 
+    def early_reads(self) -> tuple[int, int] | None:
+        """Objects read while their location was asked so far: (kept, thrown away)."""
+        return None
+
 
 class Slots:
     """One buffer of 2 x batch slots, each one object long: sources in [0, batch),
@@ -198,6 +202,9 @@ class Phases:
         from kvstore_client import flows
 
         self.wrap(client, "_call", lambda method, _req: f"rpc {method}")
+        # A call asked while bytes move (early reads): sending, and reading the reply.
+        self.wrap(client, "_ask", lambda method, _req: f"ask {method}")
+        self.wrap(client, "_answer", lambda asked: f"answer {asked.method}")
         self.wrap(client, "_release_async", "release (one-way)")
         for attr, name in PHASE_POINTS:
             if hasattr(flows, attr):
@@ -254,6 +261,12 @@ class OursBytesApi(Api):
     def local_transfers(self) -> int | None:
         n = getattr(self.c.stats, "local_transfers", None)
         return None if n is None else int(n)
+
+    def early_reads(self) -> tuple[int, int] | None:
+        st = self.c.stats
+        if not hasattr(st, "early_reads"):
+            return None
+        return int(st.early_reads), int(st.early_wasted)
 
 
 def _ours_ok(errors: list[Any], what: str) -> None:
@@ -464,6 +477,7 @@ def measure(api: Api, size: int, iters: int, batch: int, rounds: int, tag: str) 
         "system": api.system, "api": api.api, "size": size, "iters": iters, "batch": batch,
         "rounds": rounds,
         "local_transfers": api.local_transfers(),
+        "early_reads": api.early_reads(),
         "put": Latency.of(put_lat).as_dict(), "get": Latency.of(get_lat).as_dict(),
         "batch_put_gbps": gbps(nbytes, sum(put_t)), "batch_get_gbps": gbps(nbytes, sum(get_t)),
         "batch_put_call": Latency.of(put_t).as_dict(), "batch_get_call": Latency.of(get_t).as_dict(),
@@ -494,10 +508,13 @@ def run_worker(args: argparse.Namespace) -> int:
             from kvstore_client import KVStoreClient
 
             buffer = staging_bytes(sizes, args.batch)
-            modes = [(TE, {"same_host": False}), (SHM, {"same_host": True})]
+            modes: list[tuple[str, dict[str, Any]]] = [(TE, {"same_host": False}),
+                                                       (SHM, {"same_host": True})]
             if "same_host" not in inspect.signature(KVStoreClient).parameters:
                 modes = [(TE, {})]  # no same-host path in this client: all over the engine
             for system, extra in modes:
+                if args.no_early_reads:
+                    extra = {**extra, "placement_memory": 0}
                 client = KVStoreClient(etcd=endpoint["etcd"], buffer_size=buffer, **extra)
                 clients.append(client)
                 mine: list[Api] = [OursBytesApi(client, system)]
@@ -762,6 +779,20 @@ def render_ranges(rows: list[RangeRow], runs: int) -> str:
     return head + "\n\n" + table
 
 
+def early_note(results: list[dict[str, Any]]) -> str:
+    """How many of our gets read while asking (the client had seen the keys: it wrote
+    them), and how many of those early reads it had to throw away."""
+    kept = wasted = 0
+    for r in results:
+        early = r.get("early_reads")
+        if early:
+            kept, wasted = max(kept, early[0]), max(wasted, early[1])
+    if not kept and not wasted:
+        return "our client read nothing early (every get asked where first)"
+    return (f"our client read {kept} objects while asking where they were (it had written "
+            f"them) and threw {wasted} such reads away")
+
+
 def path_warnings(results: list[dict[str, Any]]) -> list[str]:
     """Whether each of our configurations took the data path it is labelled with."""
     out = []
@@ -833,6 +864,8 @@ def _worker_cmd(args: argparse.Namespace, system: str, endpoint: dict[str, str],
         cmd += ["--profile", args.profile]
     if args.phases:
         cmd += ["--phases"]
+    if args.no_early_reads:
+        cmd += ["--no-early-reads"]
     return cmd
 
 
@@ -892,6 +925,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                   f"on {os.cpu_count()} CPUs")
             for warning in path_warnings(ours_res):
                 print(f"WARNING: {warning}")
+            print(early_note(ours_res))
             if args.phases:
                 print()
                 print(render_phases(ours_res))
@@ -950,6 +984,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--phases", action="store_true",
                    help="time our client's phases (control calls, transfer, checksum, ...) "
                         "and print ms per call; adds a little overhead to our figures")
+    p.add_argument("--no-early-reads", action="store_true",
+                   help="our client remembers no placements (placement_memory=0): every get "
+                        "asks where before reading, as a client that never saw the keys")
     p.add_argument("--keep-logs", action="store_true", help="keep the temporary log directory")
     # Internal: the client process.
     p.add_argument("--worker", choices=["ours", "mooncake"], help=argparse.SUPPRESS)

@@ -34,6 +34,8 @@ from kvstore_client.control import (
     unreachable_fast,
 )
 from kvstore_client.flows import (
+    Answer,
+    Ask,
     ClientState,
     ClientStats,
     Finish,
@@ -73,6 +75,7 @@ class AsyncKVStoreClient:
         tls_cert: str | None = None,
         tls_key: str | None = None,
         tls_server_name: str | None = None,
+        placement_memory: int = flows.DEFAULT_PLACEMENTS,
     ) -> None:
         self.etcd = etcd
         self._creds = Credentials.resolve(
@@ -88,7 +91,7 @@ class AsyncKVStoreClient:
         self._epoch = 0
         self._state = ClientState.build(None if master else etcd, self._layout, buffer_size,
                                         host, protocol, device, same_host, replicas,
-                                        timeout=timeout)
+                                        timeout=timeout, placement_memory=placement_memory)
         self._staging_turn = asyncio.Lock()
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -169,6 +172,7 @@ class AsyncKVStoreClient:
         value: Any = None
         error: BaseException | None = None
         started: list[Ticket] = []
+        asked: list[asyncio.Future[Any]] = []
         state = self._state
         try:
             while True:
@@ -180,6 +184,12 @@ class AsyncKVStoreClient:
                 try:
                     if isinstance(step, Rpc):
                         value = await self._call(step.method, step.request)
+                    elif isinstance(step, Ask):
+                        # The call runs as a task of its own while the flow goes on.
+                        value = asyncio.ensure_future(self._call(step.method, step.request))
+                        asked.append(value)
+                    elif isinstance(step, Answer):
+                        value = await step.asked
                     elif isinstance(step, Start):
                         # Submitting is quick, unless a node is new (etcd, a probe).
                         if state.resolved(step.plan):
@@ -205,6 +215,11 @@ class AsyncKVStoreClient:
             left = [t for t in started if not t.done]
             if left:
                 await asyncio.to_thread(lambda: [state.finish_transfers(t) for t in left])
+            for call in asked:  # a flow that ended before reading its answer
+                if not call.done():
+                    call.cancel()
+                elif not call.cancelled():
+                    call.exception()  # retrieved: no "never retrieved" warning
 
     async def _run_staged(self, flow: Flow[T]) -> T:
         async with self._staging_turn:
@@ -219,7 +234,7 @@ class AsyncKVStoreClient:
         return (await self.remove_many([key]))[0] == Code.OK
 
     async def remove_many(self, keys: Sequence[bytes], force: bool = False) -> list[Code]:
-        return await self._run(flows.remove_many(keys, force))
+        return await self._run(flows.remove_many(self._state, keys, force))
 
     async def put(self, key: bytes, value: Any) -> None:
         err = (await self.put_many([key], [value]))[0]

@@ -6,6 +6,7 @@ import contextlib
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kvstore.coord.layout import Layout
@@ -26,6 +27,8 @@ from kvstore_client.control import (
     unreachable_fast,
 )
 from kvstore_client.flows import (
+    Answer,
+    Ask,
     ClientState,
     ClientStats,
     Finish,
@@ -40,6 +43,14 @@ from kvstore_client.flows import (
 )
 
 T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class _Asked:
+    method: str
+    request: Any
+    control: Control | None
+    handle: Any = None
 
 
 class KVStoreClient:
@@ -72,6 +83,7 @@ class KVStoreClient:
         tls_cert: str | None = None,
         tls_key: str | None = None,
         tls_server_name: str | None = None,
+        placement_memory: int = flows.DEFAULT_PLACEMENTS,
     ) -> None:
         self.etcd = etcd
         self._creds = Credentials.resolve(
@@ -88,7 +100,7 @@ class KVStoreClient:
         self._connect()
         self._state = ClientState.build(None if master else etcd, self._layout, buffer_size,
                                         host, protocol, device, same_host, replicas,
-                                        timeout=timeout)
+                                        timeout=timeout, placement_memory=placement_memory)
 
     @property
     def stats(self) -> ClientStats:
@@ -150,6 +162,32 @@ class KVStoreClient:
             self._reconnect_quietly()
         raise timed_out(method, self.timeout, last)
 
+    def _ask(self, method: str, request: Any) -> _Asked:
+        """Send a control request without waiting (see `_answer`). A failure to send is
+        not reported here: `_answer` then makes the whole call, retries included."""
+        asked = _Asked(method, request, self._control)
+        if self._control is not None:
+            with contextlib.suppress(Retry):
+                asked.handle = self._control.ask(method, request, self.timeout)
+        return asked
+
+    def _answer(self, asked: _Asked) -> Any:
+        """The reply to an `_ask`; when that attempt failed (or came from a stale
+        leader), the call is made again the usual way (`_call`)."""
+        control = self._control
+        if asked.handle is not None and control is asked.control and control is not None:
+            try:
+                reply = control.answer(asked.handle, asked.method)
+            except Retry:
+                pass
+            else:
+                if not from_stale_leader(reply, self._epoch):
+                    self._epoch = reply.epoch
+                    return check_reply(reply)
+                self.stats.failovers += 1
+                self._reconnect_quietly()
+        return self._call(asked.method, asked.request)
+
     def _reconnect_quietly(self) -> None:
         with contextlib.suppress(KVStoreError):  # the next attempt reports the failure
             self._connect()
@@ -173,6 +211,10 @@ class KVStoreClient:
                 try:
                     if isinstance(step, Rpc):
                         value = self._call(step.method, step.request)
+                    elif isinstance(step, Ask):
+                        value = self._ask(step.method, step.request)
+                    elif isinstance(step, Answer):
+                        value = self._answer(step.asked)
                     elif isinstance(step, Start):
                         value = self._state.start_transfers(step.plan, step.write, step.dead)
                         started.append(value)
@@ -201,7 +243,7 @@ class KVStoreClient:
         return self.remove_many([key])[0] == Code.OK
 
     def remove_many(self, keys: Sequence[bytes], force: bool = False) -> list[Code]:
-        return self._run(flows.remove_many(keys, force))
+        return self._run(flows.remove_many(self._state, keys, force))
 
     def put(self, key: bytes, value: Any) -> None:
         err = self.put_many([key], [value])[0]

@@ -1,7 +1,8 @@
 """Finding the leader and calling it: what the sync and async clients share.
 
 A client talks to the leader through one *control* object with one verb,
-`call(method, request, timeout) -> reply`: `FastControl` over the fast channel
+`call(method, request, timeout) -> reply` (and its two halves, `ask` and `answer`, for
+a caller with something to do while the master works): `FastControl` over the fast channel
 (kvstore.rpc, the default when the leader's etcd record announces one) or
 `GrpcControl` over gRPC (the public contract; also what a fixed `master=` address gets).
 Both raise `Retry` for failures worth another attempt (the master unreachable, slow or
@@ -171,6 +172,24 @@ class GrpcControl:
                 raise unanswered(method, self.address, code) from exc
             raise Retry(f"{self.address}: {code}") from exc
 
+    def ask(self, method: str, request: Any, timeout: float) -> Any:
+        """Start a call and return at once (grpc runs it on a thread of its own); the
+        value goes to `answer`."""
+        try:
+            return getattr(self._stub, method).future(request, timeout=timeout,
+                                                      metadata=self._md)
+        except grpc.RpcError as exc:
+            raise Retry(f"{self.address}: {exc}") from exc
+
+    def answer(self, asked: Any, method: str) -> Any:
+        try:
+            return asked.result()
+        except grpc.RpcError as exc:
+            code = exc.code().name  # type: ignore[attr-defined]
+            if code not in RETRIABLE:
+                raise unanswered(method, self.address, code) from exc
+            raise Retry(f"{self.address}: {code}") from exc
+
     def release(self, lease_id: int, timeout: float) -> None:
         """Release without waiting; grpc runs the call on a thread of its own."""
         with contextlib.suppress(grpc.RpcError):
@@ -195,6 +214,21 @@ class FastControl:
             return self.channel.call(method, request, timeout)
         except ssl.SSLCertVerificationError as exc:
             raise tls_refused(self.address, exc) from exc
+        except OSError as exc:
+            raise Retry(f"{self.address}: {_why(exc)}") from exc
+
+    def ask(self, method: str, request: Any, timeout: float) -> Any:
+        """Send the request and return at once; the value goes to `answer`."""
+        try:
+            return self.channel.ask(method, request, timeout)
+        except ssl.SSLCertVerificationError as exc:
+            raise tls_refused(self.address, exc) from exc
+        except OSError as exc:
+            raise Retry(f"{self.address}: {_why(exc)}") from exc
+
+    def answer(self, asked: Any, method: str) -> Any:
+        try:
+            return self.channel.answer(asked)
         except OSError as exc:
             raise Retry(f"{self.address}: {_why(exc)}") from exc
 

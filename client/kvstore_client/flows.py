@@ -11,7 +11,10 @@ A put is two-phase: PutStart (the master allocates space), the transfers, PutEnd
 objects become visible) or PutRevoke. A get is GetReplicas (which pins the objects under
 a short lease so nothing evicts them mid-read), the reads into registered memory, a
 checksum check of every object as soon as it lands, and a release once every byte is in.
-A read whose lease ran out before the bytes arrived is not trusted. A large batch goes
+A read whose lease ran out before the bytes arrived is not trusted. When the client
+knows where every object of a get sat (it wrote or read them lately), it reads there
+while it asks (`Ask`, the transfers, `Answer`) and keeps those bytes only if the
+master's answer names the same placement (see placements.py). A large batch goes
 in pipelined groups: one group's control call (and a put's checksums) runs while the
 bytes of another move. Whatever ends a call, nothing it started still moves when it
 returns (the drivers finish every started batch).
@@ -48,7 +51,10 @@ from kvstore.transfer import Transfer
 from kvstore.v1 import common_pb2 as cpb
 from kvstore.v1 import master_pb2 as pb
 from kvstore_client.local import LocalSegment, LocalSegments
+from kvstore_client.placements import DEFAULT_CAPACITY, Placements, Seen
 from kvstore_client.staging import Staging
+
+DEFAULT_PLACEMENTS = DEFAULT_CAPACITY  # objects whose placement a client remembers
 
 T = TypeVar("T")
 
@@ -127,6 +133,21 @@ class Finish:
 
 
 @dataclass(slots=True)
+class Ask:
+    """Send a control request and go on at once; the value is what `Answer` takes."""
+
+    method: str
+    request: Any
+
+
+@dataclass(slots=True)
+class Answer:
+    """Wait for the reply to an `Ask`: the same value (and errors) as an Rpc step's."""
+
+    asked: Any
+
+
+@dataclass(slots=True)
 class Release:
     lease_id: int
 
@@ -136,7 +157,7 @@ class Wait:
     seconds: float
 
 
-Step = Rpc | Move | Start | Finish | Release | Wait
+Step = Rpc | Ask | Answer | Move | Start | Finish | Release | Wait
 Flow = Generator[Step, Any, T]
 
 
@@ -149,6 +170,8 @@ class ClientStats:
     bytes_read: int = 0
     corrupt_reads: int = 0
     local_transfers: int = 0  # objects moved by the same-host fast path
+    early_reads: int = 0  # objects read while asking, kept (the answer confirmed them)
+    early_wasted: int = 0  # objects read while asking, thrown away (moved or gone)
     failovers: int = 0
     errors: dict[str, int] = field(default_factory=dict)
 
@@ -200,8 +223,9 @@ class ClientState:
     """Everything a client holds except its control channel."""
 
     def __init__(self, transfer: Transfer, staging: Staging, local: LocalSegments,
-                 writer_id: str, replicas: int) -> None:
+                 writer_id: str, replicas: int, placements: Placements | None = None) -> None:
         self.transfer = transfer
+        self.placements = placements if placements is not None else Placements()
         self.staging = staging
         self.local = local
         self.writer_id = writer_id
@@ -213,12 +237,15 @@ class ClientState:
     @classmethod
     def build(cls, etcd: str | None, layout: Layout, buffer_size: int, host: str, protocol: str,
               device: str, same_host: bool, replicas: int,
-              timeout: float | None = None) -> ClientState:
+              timeout: float | None = None,
+              placement_memory: int = DEFAULT_CAPACITY) -> ClientState:
         """A client's data side: its Transfer Engine, staging buffer and local maps.
-        `timeout` bounds each transfer batch (a peer that stopped answering)."""
+        `timeout` bounds each transfer batch (a peer that stopped answering);
+        `placement_memory` objects' placements are remembered (0: no early reads)."""
         transfer = Transfer(host, protocol, device, timeout=timeout)
         return cls(transfer, Staging(transfer, buffer_size),
-                   LocalSegments(etcd, layout, enabled=same_host), uuid.uuid4().hex, replicas)
+                   LocalSegments(etcd, layout, enabled=same_host), uuid.uuid4().hex, replicas,
+                   Placements(placement_memory))
 
     # -- registered memory ---------------------------------------------------------------
 
@@ -475,8 +502,11 @@ def exists(keys: Sequence[bytes]) -> Flow[list[bool]]:
     return list(reply.exists)
 
 
-def remove_many(keys: Sequence[bytes], force: bool) -> Flow[list[Code]]:
-    reply = yield Rpc("Remove", pb.RemoveRequest(keys=checked_keys(keys), force=force))
+def remove_many(st: ClientState, keys: Sequence[bytes], force: bool) -> Flow[list[Code]]:
+    checked = checked_keys(keys)
+    for k in checked:
+        st.placements.forget(k)
+    reply = yield Rpc("Remove", pb.RemoveRequest(keys=checked, force=force))
     return [Code(c) for c in reply.codes]
 
 
@@ -552,39 +582,51 @@ def _put(st: ClientState, keys: list[bytes], srcs: list[Dest],
     two groups are in flight, the next one's PutStart and the previous one's PutEnd run
     while a group moves."""
     results: list[KVStoreError | None] = [None] * len(keys)
-    inflight: list[tuple[int, list[pb.PutStartItem], list[int], Ticket | None]] = []
+    inflight: list[tuple[_Started, Ticket | None]] = []
     dead: dict[Target, KVStoreError] = {}  # nodes that failed a group: later groups skip them
     try:
         for lo, hi in st.pipelined([d.view.nbytes for d in srcs]):
             if fill is not None:
                 fill(lo, hi)
-            items, started, plan = yield from _put_start(st, keys, srcs, lo, hi, results)
+            group, plan = yield from _put_start(st, keys, srcs, lo, hi, results)
             ticket = (yield Start(plan, write=True, dead=dead)) if plan else None
-            inflight.append((lo, items, started, ticket))
+            inflight.append((group, ticket))
             if len(inflight) > 1:
                 yield from _put_end(st, keys, srcs, *inflight.pop(0), results, dead)
         while inflight:
             yield from _put_end(st, keys, srcs, *inflight.pop(0), results, dead)
     except KVStoreError:
         # Nothing may still be moving from the caller's memory when the call ends.
-        for _, _, _, ticket in inflight:
+        for _, ticket in inflight:
             if ticket is not None:
                 yield Finish(ticket)
         raise
     return results
 
 
+@dataclass(slots=True)
+class _Started:
+    """A put group after PutStart: keys[lo:lo + len(items)], the master's answer per key
+    (and the epoch it came in), their checksums, and the indexes that got space."""
+
+    lo: int
+    items: list[pb.PutStartItem]
+    epoch: int
+    sums: list[int]
+    started: list[int]
+
+
 def _put_start(st: ClientState, keys: list[bytes], srcs: list[Dest], lo: int, hi: int,
-               results: list[KVStoreError | None]) -> Flow[tuple[list[pb.PutStartItem], list[int],
-                                                                     Plan]]:
-    """PutStart for keys[lo:hi] (asking again while the master answers BUSY); the items,
-    the indexes (into keys) that got space, and the plan that writes them."""
+               results: list[KVStoreError | None]) -> Flow[tuple[_Started, Plan]]:
+    """PutStart for keys[lo:hi] (asking again while the master answers BUSY); the group
+    and the plan that writes it."""
     sizes = [d.view.nbytes for d in srcs[lo:hi]]
     sums = [checksum(d.view) for d in srcs[lo:hi]]
     reply = yield Rpc("PutStart", pb.PutStartRequest(
         keys=keys[lo:hi], sizes=sizes, checksums=sums, replicas=st.replicas,
         writer=st.writer_id))
     items = list(reply.items)
+    epoch = reply.epoch
     # BUSY: the master is demoting objects to SSD to make room; ask again shortly.
     budget = time.monotonic() + BUSY_BUDGET
     delay = 0.005
@@ -598,6 +640,11 @@ def _put_start(st: ClientState, keys: list[bytes], srcs: list[Dest], lo: int, hi
         for j, item in zip(busy, again.items, strict=True):
             items[j] = item
         busy = [j for j in busy if items[j].code == Code.BUSY]
+        # Placements are only compared within one epoch: a retry answered by a new
+        # leader makes the earlier answers' placements unknown.
+        if again.epoch != reply.epoch:
+            reply = again
+            epoch = 0
     plan: Plan = defaultdict(list)
     started: list[int] = []
     for j, item in enumerate(items):
@@ -610,14 +657,15 @@ def _put_start(st: ClientState, keys: list[bytes], srcs: list[Dest], lo: int, hi
         started.append(i)
         for loc in item.locations:
             plan[(loc.segment, loc.node_id)].append(Xfer(srcs[i].addr, loc.addr, loc.size))
-    return items, started, plan
+    return _Started(lo, items, epoch, sums, started), plan
 
 
-def _put_end(st: ClientState, keys: list[bytes], srcs: list[Dest], lo: int,
-             items: list[pb.PutStartItem], started: list[int], ticket: Ticket | None,
-             results: list[KVStoreError | None],
+def _put_end(st: ClientState, keys: list[bytes], srcs: list[Dest], group: _Started,
+             ticket: Ticket | None, results: list[KVStoreError | None],
              dead: dict[Target, KVStoreError]) -> Flow[None]:
-    """Wait for a group's bytes, then commit what arrived (PutEnd) and revoke the rest."""
+    """Wait for a group's bytes, then commit what arrived (PutEnd) and revoke the rest;
+    remember where the committed objects sit (for early reads)."""
+    lo, items, started = group.lo, group.items, group.started
     failed: dict[Target, KVStoreError] = (yield Finish(ticket)) if ticket is not None else {}
     dead.update(failed)
     commit: list[int] = started
@@ -637,6 +685,9 @@ def _put_end(st: ClientState, keys: list[bytes], srcs: list[Dest], lo: int,
     if commit:
         end = yield Rpc("PutEnd", pb.KeysRequest(keys=[keys[i] for i in commit],
                                                  writer=st.writer_id))
+        # Learned only if PutEnd came from the leader that placed them.
+        learn = st.placements.learn if end.epoch == group.epoch else _ignore
+        now = time.monotonic()
         for i, code in zip(commit, end.codes, strict=True):
             if code not in (Code.OK, Code.ALREADY_EXISTS):
                 results[i] = error_for(code, "the write was not committed (it timed out at the "
@@ -644,6 +695,15 @@ def _put_end(st: ClientState, keys: list[bytes], srcs: list[Dest], lo: int,
             else:
                 st.stats.puts += 1
                 st.stats.bytes_written += srcs[i].view.nbytes
+                item = items[i - lo]
+                if code == Code.OK and group.epoch and item.locations:
+                    loc = item.locations[0]
+                    learn(keys[i], group.epoch, item.placement, loc.size,
+                          group.sums[i - lo], loc.segment, loc.node_id, loc.addr, now)
+
+
+def _ignore(*_args: Any) -> None:
+    pass
 
 
 def get_many(st: ClientState, keys: Sequence[bytes]) -> Flow[list[bytes | KVStoreError]]:
@@ -680,11 +740,41 @@ def _get_once(st: ClientState, keys: list[bytes], todo: list[int],
               out: list[bytes | KVStoreError]) -> Flow[list[int]]:
     sent = time.monotonic()
     asked = [keys[i] for i in todo]
-    reply = yield Rpc("GetReplicas", pb.GetReplicasRequest(keys=asked, holder=st.writer_id))
+    request = pb.GetReplicasRequest(keys=asked, holder=st.writer_id)
+    seen = st.placements.recall(asked)
+    early: list[tuple[Target, Xfer]] | None = None
+    early_failed: dict[Target, KVStoreError] = {}
+    if seen is not None:
+        sizes = [s.size for s in seen]
+        if len(list(st.staging.slices(sizes))) == 1:  # (may grow the buffer)
+            dests = [Dest(st.staging.addr + off, st.staging.view[off:off + n])
+                     for off, n in zip(st.staging.layout(sizes), sizes, strict=True)]
+            plan, early = _early_plan(seen, dests)
+            reply, early_failed = yield from _read_while_asking(request, plan)
+    if early is None:
+        reply = yield Rpc("GetReplicas", request)
     deadline = sent + reply.ttl_remaining
     items = yield from _settle(asked, list(reply.items), reply.lease_id, deadline)
-    found = [(i, item) for i, item in zip(todo, items, strict=True)
-             if item.code == Code.OK and item.locations]
+    _note_placements(st, asked, reply.epoch, items, seen)
+    found: list[tuple[int, pb.ReadItem]] = []
+    in_time = time.monotonic() <= deadline
+    kept = 0
+    for p, (i, item) in enumerate(zip(todo, items, strict=True)):
+        if item.code != Code.OK or not item.locations:
+            continue
+        if early is not None and seen is not None and in_time:
+            target, x = early[p]
+            if _confirmed(seen[p], reply.epoch, item) and target not in early_failed and x.ok:
+                assert x.view is not None
+                out[i] = bytes(x.view)
+                st.stats.hits += 1
+                st.stats.bytes_read += item.size
+                kept += 1
+                continue
+        found.append((i, item))
+    if early is not None:
+        st.stats.early_reads += kept
+        st.stats.early_wasted += len(early) - kept
     retry: list[int] = []
     try:
         for lo, hi in st.staging.slices([item.size for _, item in found]):
@@ -715,30 +805,99 @@ def _get_once(st: ClientState, keys: list[bytes], todo: list[int],
     return retry
 
 
+def _early_plan(seen: list[Seen], dests: list[Dest]) -> tuple[Plan, list[tuple[Target, Xfer]]]:
+    """Reads of each object from where it was last seen (its first replica), into dests."""
+    plan: Plan = defaultdict(list)
+    early: list[tuple[Target, Xfer]] = []
+    for s, d in zip(seen, dests, strict=True):
+        target = (s.segment, s.node_id)
+        x = Xfer(d.addr, s.addr, s.size, d.view[:s.size], s.checksum)
+        plan[target].append(x)
+        early.append((target, x))
+    return plan, early
+
+
+def _read_while_asking(request: pb.GetReplicasRequest,
+                       plan: Plan) -> Flow[tuple[Any, dict[Target, KVStoreError]]]:
+    """GetReplicas, with the plan's reads moving while the master answers: the reply and
+    the reads' failures per node. The reads finish first (a small batch moves in one
+    blocking engine call, with the reply waiting in the socket meanwhile)."""
+    asked = yield Ask("GetReplicas", request)
+    ticket = yield Start(plan, write=False)
+    failed: dict[Target, KVStoreError] = yield Finish(ticket)
+    reply = yield Answer(asked)
+    return reply, failed
+
+
+def _confirmed(seen: Seen, epoch: int, item: pb.ReadItem) -> bool:
+    """Whether the reply says the object sits where it was seen (so an early read of its
+    first replica read the object; see placements.py)."""
+    if not seen.matches(epoch, item):
+        return False
+    loc = item.locations[0]
+    return loc.addr == seen.addr and loc.segment == seen.segment and loc.node_id == seen.node_id
+
+
+def _note_placements(st: ClientState, keys: list[bytes], epoch: int,
+                     items: list[pb.ReadItem], seen: list[Seen] | None) -> None:
+    """Remember where each object of a reply sits; forget the ones it says are gone."""
+    placements = st.placements
+    if not placements.capacity:
+        return
+    fresh = time.monotonic() - placements.max_age / 2
+    for p, (k, item) in enumerate(zip(keys, items, strict=True)):
+        code = item.code
+        if code == Code.OK:
+            if seen is not None:
+                s = seen[p]
+                if s.placement == item.placement and s.epoch == epoch and s.at > fresh:
+                    continue  # known, and learned recently enough
+            placements.learn_item(k, epoch, item)
+        elif code == Code.NOT_FOUND:
+            placements.forget(k)
+
+
 def get_into(st: ClientState, keys: Sequence[bytes], buffers: Sequence[Any],
              lease: Lease | None) -> Flow[list[KVStoreError | None]]:
     """GetReplicas (pins under a short lease, or checks the caller's), read, verify,
     release; a large batch in pipelined groups (see `groups`): each group's GetReplicas
-    runs while the groups before it move."""
+    runs while the groups before it move. When every object's placement is known, they
+    are read while GetReplicas is asked (see placements.py); a buffer whose key then
+    fails may have been written."""
     checked = checked_keys(keys)
     if len(checked) != len(buffers):
         raise InvalidArgument(f"get_into got {len(checked)} keys but {len(buffers)} buffers")
     dests = [st.dest(b) for b in buffers]
     out: list[KVStoreError | None] = [None] * len(checked)
     leases: list[int] = []  # the short leases taken here, released at the end
-    inflight: list[tuple[float, list[tuple[int, pb.ReadItem]], list[_Sent], Ticket]] = []
+    inflight: list[tuple[float, list[tuple[int, pb.ReadItem]], list[_Sent], Ticket,
+                         list[_Sent], dict[Target, KVStoreError]]] = []
     expired = False
+    spans = st.pipelined([d.view.nbytes for d in dests])
+    seen = st.placements.recall(checked) if len(spans) == 1 else None
+    if seen is not None and any(s.size > d.view.nbytes for s, d in zip(seen, dests, strict=True)):
+        seen = None
     try:
-        for lo, hi in st.pipelined([d.view.nbytes for d in dests]):
+        for lo, hi in spans:
             sent_at = time.monotonic()
-            reply = yield Rpc("GetReplicas", pb.GetReplicasRequest(
-                keys=checked[lo:hi], lease_id=lease.id if lease else 0, holder=st.writer_id))
+            request = pb.GetReplicasRequest(keys=checked[lo:hi], lease_id=lease.id if lease else 0,
+                                            holder=st.writer_id)
+            early: list[tuple[Target, Xfer]] | None = None
+            early_failed: dict[Target, KVStoreError] = {}
+            if seen is not None:
+                plan, early = _early_plan(seen, dests)
+                reply, early_failed = yield from _read_while_asking(request, plan)
+            else:
+                reply = yield Rpc("GetReplicas", request)
             if reply.lease_id and lease is None:
                 leases.append(reply.lease_id)
             deadline = lease.expires_at if lease else sent_at + reply.ttl_remaining
             items = yield from _settle(checked[lo:hi], list(reply.items), reply.lease_id,
                                        deadline)
+            _note_placements(st, checked[lo:hi], reply.epoch, items, seen)
             found: list[tuple[int, pb.ReadItem]] = []
+            kept: list[_Sent] = []  # early reads the reply confirmed
+            rest: list[int] = []  # indexes into found still to read
             for i, item in enumerate(items, lo):
                 if item.code != Code.OK or not item.locations:
                     missing = item.code in (Code.OK, Code.NOT_FOUND)
@@ -750,17 +909,28 @@ def get_into(st: ClientState, keys: Sequence[bytes], buffers: Sequence[Any],
                                              f"than the object ({item.size} bytes)",
                                              key=checked[i])
                 else:
+                    if early is not None and seen is not None and _confirmed(seen[i], reply.epoch,
+                                                                             item):
+                        kept.append((len(found), *early[i]))
+                    else:
+                        rest.append(len(found))
                     found.append((i, item))
-            plan, sent = _read_plan(found, [dests[i] for i, _ in found], range(len(found)), 0)
-            inflight.append((deadline, found, sent, (yield Start(plan, write=False))))
+            if early is not None:
+                st.stats.early_reads += len(kept)
+                st.stats.early_wasted += len(early) - len(kept)
+            plan, sent = _read_plan(found, [dests[i] for i, _ in found], rest, 0)
+            inflight.append((deadline, found, sent, (yield Start(plan, write=False)), kept,
+                             early_failed))
         while inflight:
-            deadline, found, sent, ticket = inflight[0]
+            deadline, found, sent, ticket, kept, early_failed = inflight[0]
             failed = yield Finish(ticket)
             inflight.pop(0)
             group_dests = [dests[i] for i, _ in found]
             errs: list[KVStoreError | None] = [None] * len(found)
             still = _read_check(st, checked, found, sent, failed, errs)
-            yield from _read_rounds(st, checked, found, group_dests, errs, still, 1)
+            if kept:
+                still += _read_check(st, checked, found, kept, early_failed, errs)
+            yield from _read_rounds(st, checked, found, group_dests, errs, sorted(still), 1)
             for (i, _), err in zip(found, errs, strict=True):
                 out[i] = err
             if (found or lease is not None) and time.monotonic() > deadline:
@@ -770,7 +940,7 @@ def get_into(st: ClientState, keys: Sequence[bytes], buffers: Sequence[Any],
                                "the bytes are not trusted (look the keys up again)")
     except KVStoreError:
         # Pins hold until the bytes are in: finish what moves, then release.
-        for _, _, _, ticket in inflight:
+        for _, _, _, ticket, _, _ in inflight:
             yield Finish(ticket)
         for lease_id in leases:
             yield Release(lease_id)

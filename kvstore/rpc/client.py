@@ -22,6 +22,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.message import Message
@@ -46,6 +47,16 @@ _MORE = getattr(socket, "MSG_MORE", 0)  # elsewhere than Linux: sent at once
 
 class ProtocolViolation(ConnectionError):
     """The peer sent bytes that are not the reply we wait for."""
+
+
+@dataclass(slots=True)
+class Asked:
+    """A request sent by `FastChannel.ask` whose reply is not read yet."""
+
+    response: type[Message]
+    request_id: int
+    deadline: float
+    sock: socket.socket
 
 
 class FastChannel:
@@ -123,6 +134,12 @@ class FastChannel:
         Raises OSError (TimeoutError included) when the connection fails or `timeout`
         seconds pass, and the typed KVStoreError of a REPLY_ERROR frame.
         """
+        return self.answer(self.ask(method, request, timeout))
+
+    def ask(self, method: str, request: Message, timeout: float) -> Asked:
+        """The first half of `call`: send the request and return at once, so the caller
+        can do something else while the master works; `answer` waits for the reply.
+        Nothing else may be asked in between (one-way requests may be sent)."""
         spec = METHODS[method]
         payload = request.SerializeToString()
         request_id = self._request_id()
@@ -131,12 +148,23 @@ class FastChannel:
             sock = self._connection(timeout)
             sock.settimeout(timeout)
             sock.sendall(HEADER.pack(len(payload), request_id, spec.id) + payload)
-            tag, body = self._reply(sock, request_id, deadline)
+        except BaseException:
+            self.close()
+            raise
+        return Asked(spec.response, request_id, deadline, sock)
+
+    def answer(self, asked: Asked) -> Message:
+        """The reply to what `ask` sent (same errors as `call`)."""
+        if asked.sock is not self._sock:
+            raise ConnectionResetError(f"the connection to {self.address} closed before "
+                                       "the reply came")
+        try:
+            tag, body = self._reply(asked.sock, asked.request_id, asked.deadline)
         except BaseException:
             self.close()  # a half-read reply would poison the next call
             raise
         if tag == REPLY_OK:
-            return spec.response.FromString(body)
+            return asked.response.FromString(body)
         error = cpb.Error.FromString(body)
         raise error_for(error.code, error.message)
 
@@ -154,6 +182,7 @@ class FastChannel:
         return True
 
     def _reply(self, sock: socket.socket, request_id: int, deadline: float) -> tuple[int, bytes]:
+        sock.settimeout(self._left(deadline))
         data = sock.recv(_RECV)
         while len(data) < HEADER_SIZE:
             data += self._more(sock, deadline)

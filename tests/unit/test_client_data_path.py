@@ -152,6 +152,10 @@ class FakeMaster:
         self.trace = trace
         self.objects: dict[bytes, tuple[int, int, int]] = {}  # key -> addr, size, checksum
         self.pending: dict[bytes, tuple[int, int, int]] = {}
+        # As the real master: each set of ranges gets a placement of its own.
+        self.epoch = 1
+        self.placement: dict[bytes, int] = {}
+        self.placements = itertools.count(1)
         self.leases: dict[int, list[bytes]] = {}
         self.lease_ids = itertools.count(100)
         self.calls: dict[str, int] = {}
@@ -175,14 +179,16 @@ class FakeMaster:
                 continue
             addr = self.node.allocate(size)
             self.pending[key] = (addr, size, ck)
+            item.placement = self.placement[key] = next(self.placements)
             item.locations.append(cpb.Location(node_id=NODE, segment=SEGMENT, addr=addr,
                                                size=size))
+        reply.epoch = self.epoch
         return reply
 
     def PutEnd(self, req: pb.KeysRequest) -> pb.CodesResponse:
         for key in req.keys:
             self.objects[key] = self.pending.pop(key)
-        return pb.CodesResponse(codes=[Code.OK] * len(req.keys))
+        return pb.CodesResponse(codes=[Code.OK] * len(req.keys), epoch=self.epoch)
 
     def PutRevoke(self, req: pb.KeysRequest) -> pb.CodesResponse:
         for key in req.keys:
@@ -190,7 +196,7 @@ class FakeMaster:
         return pb.CodesResponse(codes=[Code.OK] * len(req.keys))
 
     def GetReplicas(self, req: pb.GetReplicasRequest) -> pb.GetReplicasResponse:
-        reply = pb.GetReplicasResponse(ttl_remaining=self.ttl)
+        reply = pb.GetReplicasResponse(ttl_remaining=self.ttl, epoch=self.epoch)
         found = []
         for key in req.keys:
             item = reply.items.add()
@@ -199,6 +205,7 @@ class FakeMaster:
                 continue
             addr, size, ck = self.objects[key]
             item.size, item.checksum = size, ck
+            item.placement = self.placement[key]
             item.locations.append(cpb.Location(node_id=NODE, segment=SEGMENT, addr=addr,
                                                size=size))
             found.append(key)
@@ -227,7 +234,19 @@ class Rig:
         self.client = KVStoreClient.__new__(KVStoreClient)
         self.client._state = self.state
         self.client._call = self.master.call  # type: ignore[method-assign]
+        self.client._ask = self.ask  # type: ignore[method-assign]
+        self.client._answer = self.answer  # type: ignore[method-assign]
         self.client._release_async = self.master.release  # type: ignore[method-assign]
+
+    # The master answers when asked (as a real one does when the request arrives); the
+    # client reads the reply later.
+    def ask(self, method: str, request: Any) -> Any:
+        self.trace.append(("ask", method))
+        return self.master.call(method, request)
+
+    def answer(self, reply: Any) -> Any:
+        self.trace.append(("answer",))
+        return reply
 
     def rpcs(self) -> list[str]:
         return [e[1] for e in self.trace if e[0] == "rpc"]
@@ -480,3 +499,149 @@ def test_same_host_batches_are_not_pipelined_once_the_node_is_known(rig: Rig) ->
     assert rig.rpcs() == ["PutStart", "PutEnd", "GetReplicas"]
     assert dst.tobytes() == b"".join(values)
     assert rig.client.stats.local_transfers >= 2 * n and not any(e[0] == "start" for e in rig.trace)
+
+
+# -- early reads: reading where an object was seen while asking where it is -----------------
+
+
+SMALL = 512  # three of them move in one blocking engine call (SYNC_MAX is 2 KiB here)
+
+
+def _put_small(rig: Rig, n: int = 3, size: int = SMALL, seed: int = 20,
+               prefix: str = "e") -> tuple[list[bytes], list[bytes], np.ndarray, np.ndarray]:
+    keys = [f"{prefix}{i}".encode() for i in range(n)]
+    values = _values(n, size, seed=seed)
+    src, dst = _buffers(rig, values, size)
+    assert rig.client.put_from(keys, _slices(src, n, size)) == [None] * n
+    rig.trace.clear()
+    rig.transfer.blocking_calls = 0
+    return keys, values, src, dst
+
+
+def _move(rig: Rig, key: bytes, data: bytes) -> None:
+    """The master moves `key` (holding `data`) elsewhere under a new placement; another
+    object's bytes now fill its old range."""
+    m = rig.master
+    addr, size, _ = m.objects[key]
+    base = rig.node.base
+    rig.node.mem[addr - base:addr - base + size] = 0x5A
+    new = rig.node.allocate(size)
+    rig.node.mem[new - base:new - base + size] = np.frombuffer(data, np.uint8)
+    m.objects[key] = (new, size, checksum(data))
+    m.placement[key] = next(m.placements)
+
+
+def test_a_known_object_is_read_while_its_location_is_asked(rig: Rig) -> None:
+    keys, values, _, dst = _put_small(rig)
+    assert rig.client.get_into(keys, _slices(dst, 3, SMALL)) == [None] * 3
+    assert dst.tobytes() == b"".join(values)
+    # Asked first, then the bytes moved (one blocking engine call), then the answer read.
+    kinds = [e[0] for e in rig.trace]
+    assert kinds[:3] == ["ask", "rpc", "answer"] and rig.transfer.blocking_calls == 1
+    assert rig.client.stats.early_reads == 3 and rig.client.stats.early_wasted == 0
+    # The same through the staging buffer (get_many), learned from get_into's answer too.
+    assert rig.client.get_many(keys) == values
+    assert rig.client.stats.early_reads == 6
+
+
+def test_an_object_moved_meanwhile_is_read_again_where_the_answer_says(rig: Rig) -> None:
+    keys, values, _, dst = _put_small(rig)
+    _move(rig, keys[1], values[1])  # same bytes, elsewhere: the old range holds junk now
+    assert rig.client.get_into(keys, _slices(dst, 3, SMALL)) == [None] * 3
+    assert dst.tobytes() == b"".join(values)
+    assert rig.client.stats.early_reads == 2 and rig.client.stats.early_wasted == 1
+    assert rig.transfer.blocking_calls == 2  # the early batch, then the one re-read
+    # Next time the new place is known.
+    assert rig.client.get_into(keys, _slices(dst, 3, SMALL)) == [None] * 3
+    assert rig.client.stats.early_reads == 5
+
+
+def test_an_object_removed_meanwhile_is_a_miss_not_the_bytes_still_there(rig: Rig) -> None:
+    # Another client removed it; its bytes still sit in the freed range, and they would
+    # pass the checksum. Only the answer can say it is gone.
+    keys, values, _, dst = _put_small(rig)
+    del rig.master.objects[keys[0]]
+    got = rig.client.get_into(keys, _slices(dst, 3, SMALL))
+    assert isinstance(got[0], NotFound) and got[1:] == [None, None]
+    assert rig.client.get_many(keys) == [None, values[1], values[2]]
+    assert rig.client.stats.early_wasted == 1  # the second time it was not even tried
+
+
+def test_an_object_rewritten_in_place_under_a_new_placement_is_read_again(rig: Rig) -> None:
+    # Removed and written again with other bytes at the very same address: the early
+    # read gets the new bytes but does not match what was seen (placement, checksum),
+    # so it is not kept; the re-read returns the new value.
+    keys, values, _, _ = _put_small(rig)
+    m = rig.master
+    addr, size, _ = m.objects[keys[2]]
+    new = bytes(reversed(values[2]))
+    rig.node.mem[addr - rig.node.base:addr - rig.node.base + size] = np.frombuffer(new, np.uint8)
+    m.objects[keys[2]] = (addr, size, checksum(new))
+    m.placement[keys[2]] = next(m.placements)
+    assert rig.client.get_many(keys) == [values[0], values[1], new]
+    assert rig.client.stats.early_wasted == 1
+
+
+def test_answers_from_a_new_leader_throw_early_bytes_away(rig: Rig) -> None:
+    keys, values, _, dst = _put_small(rig)
+    rig.master.epoch = 2  # failover: placements of epoch 1 mean nothing now
+    assert rig.client.get_into(keys, _slices(dst, 3, SMALL)) == [None] * 3
+    assert dst.tobytes() == b"".join(values)
+    assert rig.client.stats.early_reads == 0 and rig.client.stats.early_wasted == 3
+
+
+def test_a_corrupt_byte_is_caught_on_an_early_read_too(rig: Rig) -> None:
+    keys, _, _, dst = _put_small(rig)
+    addr, _, _ = rig.master.objects[keys[1]]
+    rig.node.flip(addr + 7)
+    got = rig.client.get_into(keys, _slices(dst, 3, SMALL))
+    assert got[0] is None and got[2] is None and isinstance(got[1], CorruptObject)
+    assert rig.client.get_many(keys)[1] is None
+    assert rig.client.stats.corrupt_reads >= 2
+
+
+def test_unknown_or_partly_known_batches_ask_first(rig: Rig) -> None:
+    keys, values, _, _ = _put_small(rig)
+    assert rig.client.get_many([*keys, b"never-seen"]) == [*values, None]
+    assert "ask" not in [e[0] for e in rig.trace]
+    assert rig.client.stats.early_reads == 0
+
+
+def test_remembering_nothing_turns_early_reads_off(rig: Rig) -> None:
+    rig.state.placements = flows.Placements(0)
+    keys, values, _, _ = _put_small(rig)
+    assert rig.client.get_many(keys) == values
+    assert "ask" not in [e[0] for e in rig.trace] and rig.client.stats.early_reads == 0
+
+
+def test_a_removed_key_is_forgotten(rig: Rig) -> None:
+    keys, _, _, _ = _put_small(rig)
+    rig.master.Remove = lambda req: pb.CodesResponse(codes=[Code.OK] * len(req.keys))  # type: ignore[attr-defined]
+    rig.client.remove_many(keys[:1])
+    assert len(rig.state.placements) == 2
+
+
+def test_the_async_client_reads_early_the_same_way(rig: Rig) -> None:
+    client = AsyncKVStoreClient.__new__(AsyncKVStoreClient)
+    client._state = rig.state
+    asked: list[str] = []
+
+    async def call(method: str, request: Any) -> Any:
+        asked.append(method)
+        await asyncio.sleep(0.01)  # the reply comes while the bytes move
+        return rig.master.call(method, request)
+
+    client._call = call  # type: ignore[method-assign]
+    client._release_later = rig.master.release  # type: ignore[method-assign]
+    keys, values, src, dst = _put_small(rig, prefix="x")
+    _move(rig, keys[0], values[0])
+
+    async def main() -> None:
+        client._staging_turn = asyncio.Lock()
+        assert await client.get_into(keys, _slices(dst, 3, SMALL)) == [None] * 3
+        assert await client.get_many(keys) == values
+
+    asyncio.run(main())
+    assert dst.tobytes() == b"".join(values)
+    assert rig.client.stats.early_reads == 2 + 3 and rig.client.stats.early_wasted == 1
+    assert not rig.transfer.moving and set(rig.master.moving_at_release) == {0}

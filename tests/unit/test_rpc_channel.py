@@ -327,3 +327,33 @@ def test_async_channel_timeout_and_lost_connection(served: Served) -> None:
         await ch.close()
 
     run_on(served, main())
+
+
+def test_ask_then_answer_is_a_call_in_two_halves(served: Served) -> None:
+    ch = FastChannel(served.address)
+    put(ch, [b"a"])
+    asked = ch.ask("GetReplicas", pb.GetReplicasRequest(keys=[b"a"]), 5)
+    # the master answers while the caller does something else; a one-way frame may go out
+    # in between (it gets no reply, so it cannot be mistaken for this one's)
+    ch.send_oneway("ReleaseLease", pb.ReleaseLeaseRequest(lease_id=12345), 5)
+    reply: Any = ch.answer(asked)
+    assert reply.items[0].code == 0 and reply.items[0].placement > 0 and reply.lease_id
+    assert reply.items[0].locations[0].addr >= 1 << 32
+    # the connection is in step afterwards: the next call gets its own reply
+    again: Any = ch.call("GetReplicas", pb.GetReplicasRequest(keys=[b"a"]), 5)
+    assert again.items[0].placement == reply.items[0].placement
+    assert again.lease_id != reply.lease_id
+    ch.close()
+
+
+def test_an_answer_whose_connection_closed_raises_and_the_next_call_reconnects(
+        served: Served) -> None:
+    ch = FastChannel(served.address)
+    put(ch, [b"b"])
+    asked = ch.ask("Exists", pb.KeysRequest(keys=[b"b"]), 5)
+    ch.close()
+    with pytest.raises(ConnectionError):
+        ch.answer(asked)
+    reply: Any = ch.call("Exists", pb.KeysRequest(keys=[b"b"]), 5)
+    assert list(reply.exists) == [True] and ch.connects == 2
+    ch.close()

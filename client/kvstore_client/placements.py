@@ -1,0 +1,96 @@
+"""Where this client last saw each object: the memory behind early reads.
+
+A get costs a GetReplicas round trip (where is it? pin it) before any byte moves. When
+the client has seen the object recently, written it itself or read it before, it already
+knows where it was, so it starts reading there while it asks, and keeps the bytes only if
+the answer names the same *placement*: the master's name for an object's current set of
+replica ranges, restamped whenever a range is taken or given up and never handed out
+twice within a leader's epoch (see kvstore/master/core/objects.py). The same epoch and
+placement then mean the object sat at those ranges, unchanged, from when this client
+learned them until the master pinned it for this read, so bytes read from there in the
+meantime are the object's, exactly as if they had been read after the answer; and they
+are checksum-verified as always. Any other answer (moved, evicted, removed, a new leader)
+throws the early bytes away and reads where the answer says.
+
+An entry is trusted for MAX_AGE seconds at most: the master's placement counter is 32
+bits wide, and no master stamps four billion placements in a minute. The memory is
+bounded (oldest learned first out) and costs nothing on the master.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+MAX_AGE = 60.0
+DEFAULT_CAPACITY = 65536
+
+
+@dataclass(slots=True, frozen=True)
+class Seen:
+    epoch: int
+    placement: int
+    size: int
+    checksum: int
+    segment: str  # the first replica's: where an early read goes
+    node_id: str
+    addr: int
+    at: float  # time.monotonic() when learned
+
+    def matches(self, epoch: int, item: object) -> bool:
+        """Whether a ReadItem in a reply of `epoch` names this very placement."""
+        return (epoch == self.epoch and item.placement == self.placement  # type: ignore[attr-defined]
+                and item.size == self.size and item.checksum == self.checksum)  # type: ignore[attr-defined]
+
+
+class Placements:
+    """key -> the placement this client last saw it at (bounded, oldest learned out)."""
+
+    __slots__ = ("_seen", "capacity", "max_age")
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY, max_age: float = MAX_AGE) -> None:
+        if capacity < 0:
+            raise ValueError(f"placement memory must hold >= 0 objects, got {capacity}")
+        self.capacity = capacity
+        self.max_age = max_age
+        self._seen: dict[bytes, Seen] = {}
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def learn(self, key: bytes, epoch: int, placement: int, size: int, checksum: int,
+              segment: str, node_id: str, addr: int, now: float | None = None) -> None:
+        if not self.capacity or not placement:
+            return
+        seen = self._seen
+        seen.pop(key, None)  # re-learned: now the newest
+        if len(seen) >= self.capacity:
+            del seen[next(iter(seen))]
+        seen[key] = Seen(epoch, placement, size, checksum, segment, node_id, addr,
+                         time.monotonic() if now is None else now)
+
+    def learn_item(self, key: bytes, epoch: int, item: object) -> None:
+        """From a ReadItem that answered OK (its first location is readable: in DRAM)."""
+        locs = item.locations  # type: ignore[attr-defined]
+        if locs and item.placement:  # type: ignore[attr-defined]
+            loc = locs[0]
+            self.learn(key, epoch, item.placement, item.size, item.checksum,  # type: ignore[attr-defined]
+                       loc.segment, loc.node_id, loc.addr)
+
+    def forget(self, key: bytes) -> None:
+        self._seen.pop(key, None)
+
+    def recall(self, keys: list[bytes]) -> list[Seen] | None:
+        """What was seen of every key, or None if any is unknown or too old (an early
+        read of part of a batch would not save its round trip)."""
+        if not self.capacity:
+            return None
+        seen = self._seen
+        oldest = time.monotonic() - self.max_age
+        out: list[Seen] = []
+        for k in keys:
+            s = seen.get(k)
+            if s is None or s.at < oldest:
+                return None
+            out.append(s)
+        return out
