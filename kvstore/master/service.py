@@ -210,17 +210,25 @@ class MasterService(pbg.MasterServicer):
         for r in results:
             item = add()
             if r.code:
-                item.code = int(r.code)
+                item.code = r.code  # type: ignore[assignment]
             if r.message:
                 item.message = r.message
             if r.placement:
                 item.placement = r.placement
-            _add_locations(item.locations, r.locations)
+            # _add_locations, inlined: one call less per item.
+            add_location = item.locations.add
+            for loc in r.locations:
+                m = add_location()
+                m.node_id = loc.node_id
+                m.segment = loc.segment
+                m.addr = loc.addr
+                m.size = loc.size
+                m.tier = loc.tier
         return reply
 
     @staticmethod
     def _codes(codes: list[Code]) -> pb.CodesResponse:
-        return pb.CodesResponse(codes=[int(c) for c in codes])  # type: ignore[misc]
+        return pb.CodesResponse(codes=codes)  # type: ignore[arg-type]  # a Code is an int
 
     def put_end(self, request: pb.KeysRequest) -> pb.CodesResponse:
         return self._codes(self.core.put_end(self._keys(request.keys), request.writer))

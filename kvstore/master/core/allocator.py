@@ -64,10 +64,65 @@ class ExtentAllocator:
         self.free_bytes -= need
         return start
 
+    def allocate_run(self, size: int, count: int) -> list[int]:
+        """The offsets `count` calls of allocate(size) would return, in order (-1 for
+        each that would not fit), with one extent update per extent used instead of one
+        per range.
+
+        Exact, not an approximation: best fit carves each range from the front of the
+        smallest extent that fits, and what is left of that extent is then smaller than
+        every other extent that fits, so the next calls carve from it too until it is
+        too short; only then does best fit move on to the next smallest extent.
+        """
+        need = (size + self._align_mask) & ~self._align_mask
+        if need <= 0 or count <= 0:
+            return [self.allocate(size) for _ in range(count)]
+        by_size = self._by_size
+        out: list[int] = []
+        while count:
+            i = by_size.bisect_left((need, -1))
+            if i == len(by_size):
+                out.extend([-1] * count)
+                break
+            length, start = by_size.pop(i)
+            del self._by_offset[start]
+            k = min(count, length // need)
+            taken = k * need
+            out.extend(range(start, start + taken, need))
+            if length > taken:
+                self._add(start + taken, length - taken)
+            self.free_bytes -= taken
+            count -= k
+        return out
+
+    def free_many(self, ranges: list[tuple[int, int]]) -> None:
+        """free() for every (offset, size) in `ranges`, ranges that touch freed as one.
+
+        The free extents are always fully coalesced, so they depend only on which bytes
+        are free, not on the order or grouping of the frees that freed them: merging
+        adjacent ranges first leaves exactly the state one free() per range would.
+        """
+        m = self._align_mask
+        spans = sorted([(o & ~m, (o + z + m) & ~m) for o, z in ranges])
+        if not spans:
+            return
+        start, end = spans[0]
+        for s, e in spans[1:]:
+            if s > end:
+                self._free_span(start, end)
+                start, end = s, e
+            elif s == end:
+                end = e
+            else:
+                raise Internal(f"double free of [{s}, {e}): overlaps [{start}, {end}) freed with it")
+        self._free_span(start, end)
+
     def free(self, offset: int, size: int) -> None:
         """Return a range obtained from allocate() or reserve() with the same size."""
-        start = offset & ~self._align_mask
-        end = (offset + size + self._align_mask) & ~self._align_mask
+        self._free_span(offset & ~self._align_mask,
+                        (offset + size + self._align_mask) & ~self._align_mask)
+
+    def _free_span(self, start: int, end: int) -> None:
         freed = end - start
         by_offset = self._by_offset
         i = by_offset.bisect_right(start)

@@ -21,10 +21,12 @@ the reader then gets NOT_FOUND under its lease instead of someone else's bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from itertools import repeat
 
 import numpy as np
 
@@ -89,6 +91,51 @@ _MAX_CHECKSUM = 1 << 64
 # Running totals the core keeps a one-minute, per-second history of (window.py).
 _RECENT = ("lookup_keys", "hit_keys", "evictions", "evicted_bytes", "demotions", "demoted_bytes",
            "ssd_evictions", "ssd_evicted_bytes")
+
+
+_LOCATION_FIELDS = ("node_id", "segment", "addr", "size", "tier")
+if (tuple(f.name for f in dataclasses.fields(Location)) != _LOCATION_FIELDS
+        or tuple(f.name for f in dataclasses.fields(PutStartResult))
+        != ("code", "locations", "message", "placement")):  # pragma: no cover
+    raise ImportError("results.Location or PutStartResult changed: update _put_batch() and "
+                      "_location() in core.py, which set their fields one by one")
+_set_node_id, _set_segment, _set_addr, _set_size, _set_tier = (
+    Location.__dict__[f].__set__ for f in _LOCATION_FIELDS)
+_new_object = object.__new__
+
+
+def _location(node_id: str, segment: str, addr: int, size: int, tier: str) -> Location:
+    """Location(node_id, segment, addr, size, tier), a third of the cost: a frozen
+    dataclass's __init__ sets each field through object.__setattr__, this through the
+    slots themselves (put_start builds one per replica)."""
+    loc = _new_object(Location)
+    _set_node_id(loc, node_id)
+    _set_segment(loc, segment)
+    _set_addr(loc, addr)
+    _set_size(loc, size)
+    _set_tier(loc, tier)
+    return loc
+
+
+def _all_new(keys: Sequence[object], sizes: Sequence[object], checksums: Sequence[object],
+             largest: int, index: dict[bytes, int]) -> bool:
+    """True when every key is bytes of a valid length, distinct and not indexed, every
+    size an int in (0, largest], every checksum a 64-bit unsigned int: what put_start's
+    per-key checks would find of each, without a Python-level loop."""
+    try:
+        return (
+            set(map(type, keys)) == {bytes}
+            and set(map(type, sizes)) == {int}
+            and set(map(type, checksums)) == {int}
+            and min(map(len, keys)) > 0  # type: ignore[arg-type]
+            and max(map(len, keys)) <= MAX_KEY_BYTES  # type: ignore[arg-type]
+            and min(sizes) > 0 and max(sizes) <= largest  # type: ignore[type-var,operator]
+            and min(checksums) >= 0 and max(checksums) < _MAX_CHECKSUM  # type: ignore[type-var,operator]
+            and len(set(keys)) == len(keys)
+            and index.keys().isdisjoint(keys)
+        )
+    except TypeError:
+        return False
 
 
 def _norm_key(key: object) -> bytes | None:
@@ -255,6 +302,25 @@ class MasterCore:
         want = min(want, len(self._dram))
         largest = max((s.alloc.capacity for s in self._dram), default=0)
         deadline = now + self.config.put_timeout
+        results = self._put_batch(keys, sizes, checksums, want, writer, now, deadline, largest)
+        if results is None:
+            results = self._put_each(keys, sizes, checksums, want, writer, now, deadline, largest)
+        self._evict_to_watermark(now)
+        self._flush_evictions()
+        return results
+
+    def _put_each(
+        self,
+        keys: Sequence[bytes],
+        sizes: Sequence[int],
+        checksums: Sequence[int],
+        want: int,
+        writer: str,
+        now: float,
+        deadline: float,
+        largest: int,
+    ) -> list[PutStartResult]:
+        """put_start one key at a time: the general path."""
         results: list[PutStartResult] = []
         seen: dict[bytes, PutStartResult] = {}
         for key, size, checksum in zip(keys, sizes, checksums, strict=True):
@@ -266,8 +332,208 @@ class MasterCore:
             if r is None:
                 r = seen[k] = self._put_one(k, size, checksum, want, writer, now, deadline, largest)
             results.append(r)
-        self._evict_to_watermark(now)
-        self._flush_evictions()
+        return results
+
+    def _put_batch(
+        self,
+        keys: Sequence[bytes],
+        sizes: Sequence[int],
+        checksums: Sequence[int],
+        want: int,
+        writer: str,
+        now: float,
+        deadline: float,
+        largest: int,
+    ) -> list[PutStartResult] | None:
+        """put_start of a whole batch with a few allocator calls per segment instead of
+        one per replica; None, having changed nothing, when it cannot promise exactly
+        the results and state of _put_each (the caller then runs that).
+
+        _put_each places the new objects one at a time: each on the DRAM segment with
+        the most free bytes among those with an extent that fits (want > 1: the `want`
+        such segments, most free first), best fit inside it. When every segment that
+        would receive objects has one free extent at least as large as all it would
+        receive together, no placement can fail, so nothing is evicted and nothing is
+        refused: which segment each object goes to then depends only on the segments'
+        free bytes, which this replays with arithmetic, and the offsets inside each
+        segment are those of the same sequence of best-fit allocations
+        (ExtentAllocator.allocate_run). Keys that place nothing (invalid, repeated,
+        already there, too large) get _put_one's answer, computed at their position.
+        Quotas (which may evict per key) always take the general path.
+        """
+        dram = self._dram
+        t = self._objects
+        if not dram or t.usage is not None or not keys:
+            return None
+        index = t.index
+        mask = self._align_mask
+        # 1. Which positions create an object (all of _put_one's checks pass).
+        if _all_new(keys, sizes, checksums, largest, index):
+            # The usual batch, checked at C speed: every key new, distinct and valid.
+            new_at: Sequence[int] = range(len(keys))
+            new_keys = list(keys)
+            new_sizes = list(sizes)
+            new_checksums = list(checksums)
+        else:
+            new_at = []  # positions
+            new_keys = []
+            new_sizes = []
+            new_checksums = []
+            first_seen: set[bytes] = set()
+            for pos, (key, size, checksum) in enumerate(zip(keys, sizes, checksums, strict=True)):
+                k = key if type(key) is bytes and 0 < len(key) <= MAX_KEY_BYTES else _norm_key(key)
+                if k is not None and k not in first_seen:
+                    first_seen.add(k)
+                    if (
+                        isinstance(size, int) and 0 < size <= largest
+                        and isinstance(checksum, int) and 0 <= checksum < _MAX_CHECKSUM
+                        and k not in index
+                    ):
+                        new_at.append(pos)
+                        new_keys.append(k)
+                        new_sizes.append(size)
+                        new_checksums.append(checksum)
+            if not new_at:
+                return None
+        # 2. Which segments each new object would get, and whether it surely fits.
+        asizes = [(z + mask) & ~mask for z in new_sizes]
+        nseg = len(dram)
+        # flat[j * want + r]: the index in dram of new object j's replica r (None: all
+        # on dram[0], the only segment).
+        flat: list[int] | None = None
+        if nseg == 1:
+            totals = [sum(asizes)]
+        else:
+            totals = [0] * nseg
+            flat = []
+            pick = flat.append
+            # Most free bytes first, ties to the earlier segment: place()'s order.
+            heap = [(-seg.alloc.free_bytes, i) for i, seg in enumerate(dram)]
+            heapq.heapify(heap)
+            if want == 1:
+                replace = heapq.heapreplace
+                for a in asizes:
+                    free, i = heap[0]
+                    replace(heap, (free + a, i))
+                    totals[i] += a
+                    pick(i)
+            else:
+                pop = heapq.heappop
+                push = heapq.heappush
+                for a in asizes:
+                    top = [pop(heap) for _ in range(want)]
+                    for free, i in top:
+                        push(heap, (free + a, i))
+                        totals[i] += a
+                        pick(i)
+        for seg, total in zip(dram, totals, strict=True):
+            if total and seg.alloc.largest_free() < total:
+                return None
+        # 3. Allocate, segment by segment, in the order _put_each would have.
+        if flat is None:
+            wants = [asizes]
+        else:
+            wants = [[] for _ in dram]
+            per_replica = asizes if want == 1 else [a for a in asizes for _ in range(want)]
+            for i, a in zip(flat, per_replica, strict=True):
+                wants[i].append(a)
+        offsets: list[list[int]] = []
+        for seg, mine in zip(dram, wants, strict=False):
+            got: list[int] = []
+            j = 0
+            while j < len(mine):
+                a = mine[j]
+                run = j + 1
+                while run < len(mine) and mine[run] == a:
+                    run += 1
+                got += seg.alloc.allocate_run(a, run - j)
+                j = run
+            seg.replicas += len(got)
+            offsets.append(got)
+        # 4. Index the objects (slots and placements in key order, as _put_each would)
+        # and answer.
+        make_location = _location
+        extras: list[tuple[int, ...]] | None = None
+        spaces = asizes
+        if flat is None:
+            seg = dram[0]
+            node_id, name, base, tier = seg.node_id, seg.name, seg.base_addr, seg.tier
+            h0 = seg.seg_id << OFFSET_BITS
+            offs = offsets[0]
+            firsts = [h0 | o for o in offs]
+            locations = [[make_location(node_id, name, base + o, z, tier)]
+                         for o, z in zip(offs, new_sizes, strict=True)]
+        else:
+            its = [iter(o) for o in offsets]
+            info = [(seg.seg_id << OFFSET_BITS, seg.node_id, seg.name, seg.base_addr, seg.tier)
+                    for seg in dram]
+            firsts = []
+            locations = []
+            if want == 1:
+                for i, z in zip(flat, new_sizes, strict=True):
+                    h0, node_id, name, base, tier = info[i]
+                    o = next(its[i])
+                    firsts.append(h0 | o)
+                    locations.append([make_location(node_id, name, base + o, z, tier)])
+            else:
+                extras = []
+                spaces = [a * want for a in asizes]
+                for j, z in enumerate(new_sizes):
+                    handles: list[int] = []
+                    locs: list[Location] = []
+                    for i in flat[j * want:(j + 1) * want]:
+                        h0, node_id, name, base, tier = info[i]
+                        o = next(its[i])
+                        handles.append(h0 | o)
+                        locs.append(make_location(node_id, name, base + o, z, tier))
+                    firsts.append(handles[0])
+                    extras.append(tuple(handles[1:]))
+                    locations.append(locs)
+        slots = t.new_many(new_keys, new_sizes, new_checksums, firsts, spaces, now)
+        if extras is not None:
+            extra = t.extra
+            for s, rest in zip(slots, extras, strict=True):
+                if rest:
+                    extra[s] = rest
+        # A PendingWrite never changes: the objects of one batch can share one.
+        t.pending.update(zip(slots, repeat(PendingWrite(writer, deadline))))
+        made: list[PutStartResult] = []
+        ok = Code.OK
+        placed = t.placed
+        new_result = _new_object
+        for s, locs in zip(slots, locations, strict=True):
+            r = new_result(PutStartResult)  # PutStartResult(ok, locs, "", placed[s]), faster
+            r.code = ok
+            r.locations = locs
+            r.message = ""
+            r.placement = placed[s]
+            made.append(r)
+        added_space = sum(spaces)
+        added_size = sum(new_sizes)
+        if t.slots > len(self._lru.prev):
+            self._grow_lrus()
+        self._pending_space += added_space
+        self._pending_size += added_size
+        if len(made) == len(keys):
+            return made
+        by_pos = dict(zip(new_at, zip(new_keys, made, strict=True), strict=True))
+        results: list[PutStartResult] = []
+        seen: dict[bytes, PutStartResult] = {}
+        for pos, (key, size, checksum) in enumerate(zip(keys, sizes, checksums, strict=True)):
+            done = by_pos.get(pos)
+            if done is not None:
+                seen[done[0]] = done[1]
+                results.append(done[1])
+                continue
+            k = _norm_key(key)
+            if k is None:
+                results.append(self._put_failed("invalid_argument", _bad_key_message(key)))
+                continue
+            answer = seen.get(k)
+            if answer is None:
+                # Never reaches placement (step 1 said so), so it changes no space.
+                answer = seen[k] = self._put_one(k, size, checksum, want, writer, now, deadline, largest)
+            results.append(answer)
         return results
 
     def put_end(self, keys: Sequence[bytes], writer: str = "") -> list[Code]:
@@ -277,35 +543,54 @@ class MasterCore:
         self._check_batch(len(keys))
         t = self._objects
         now = self.clock.now()
+        index = t.index
+        pins = t.pins
+        pending = t.pending
+        touched = t.touched
+        ok, not_found, exists, in_progress = (Code.OK, Code.NOT_FOUND, Code.ALREADY_EXISTS,
+                                              Code.IN_PROGRESS)
         out: list[Code] = []
         seen: dict[bytes, Code] = {}
+        done: list[int] = []  # slots committed, in key order
         for key in keys:
-            k = _norm_key(key)
+            k = key if type(key) is bytes and 0 < len(key) <= MAX_KEY_BYTES else _norm_key(key)
             if k is None:
                 out.append(Code.INVALID_ARGUMENT)
                 continue
             code = seen.get(k)
             if code is None:
-                s = t.index.get(k)
+                s = index.get(k)
                 if s is None:
-                    code = Code.NOT_FOUND
-                elif t.pins[s] != PENDING:
-                    code = Code.ALREADY_EXISTS
-                elif not self._writer_may(s, writer):
-                    code = Code.IN_PROGRESS
+                    code = not_found
+                elif pins[s] != PENDING:
+                    code = exists
                 else:
-                    del t.pending[s]
-                    t.pins[s] = 0
-                    t.touched[s] = now
-                    self._lru.push(s)
-                    if self.journal is not None:
-                        self._journal_replicas(s, k, True)
-                    self._pending_space -= t.space[s]
-                    self._pending_size -= t.size[s]
-                    self._complete_size += t.size[s]
-                    code = Code.OK
+                    # Anonymous writers ("") are trusted; two named writers must match.
+                    owner = pending[s].writer
+                    if writer and owner and writer != owner:
+                        code = in_progress
+                    else:
+                        del pending[s]
+                        pins[s] = 0
+                        touched[s] = now
+                        done.append(s)
+                        code = ok
                 seen[k] = code
             out.append(code)
+        if done:
+            # What one push per object would do: none of these was on the LRU (PENDING
+            # objects never are) and nothing above reads it.
+            self._lru.push_all(done)
+            if self.journal is not None:
+                key_of = t.key_of
+                for s in done:
+                    self._journal_replicas(s, key_of[s], True)  # type: ignore[arg-type]
+            size = t.size
+            space = t.space
+            committed = sum([size[s] for s in done])
+            self._pending_space -= sum([space[s] for s in done])
+            self._pending_size -= committed
+            self._complete_size += committed
         return out
 
     def put_revoke(self, keys: Sequence[bytes], writer: str = "") -> list[Code]:
@@ -481,25 +766,34 @@ class MasterCore:
         seen: dict[bytes, Code] = {}
         removed: list[bytes] = []
         removed_size = 0
-        for key in keys:
-            k = _norm_key(key)
-            if k is None:
-                out.append(Code.INVALID_ARGUMENT)
-                continue
-            code = seen.get(k)
-            if code is None:
-                s = t.index.get(k)
-                if s is None:
-                    code = Code.NOT_FOUND
-                elif t.pins[s] != 0 and not force:
-                    code = Code.IN_PROGRESS
-                else:
-                    removed.append(k)
-                    removed_size += t.size[s]
-                    self._drop(s)
-                    code = Code.OK
-                seen[k] = code
-            out.append(code)
+        index = t.index
+        pins = t.pins
+        # The batch's ranges, freed together at the end: a batch written together sits
+        # together, and adjacent ranges then cost one free instead of one each.
+        frees: dict[Segment, list[tuple[int, int]]] = {}
+        try:
+            for key in keys:
+                k = key if type(key) is bytes and 0 < len(key) <= MAX_KEY_BYTES else _norm_key(key)
+                if k is None:
+                    out.append(Code.INVALID_ARGUMENT)
+                    continue
+                code = seen.get(k)
+                if code is None:
+                    s = index.get(k)
+                    if s is None:
+                        code = Code.NOT_FOUND
+                    elif pins[s] != 0 and not force:
+                        code = Code.IN_PROGRESS
+                    else:
+                        removed.append(k)
+                        removed_size += t.size[s]
+                        self._drop(s, frees)
+                        code = Code.OK
+                    seen[k] = code
+                out.append(code)
+        finally:
+            for seg, ranges in frees.items():
+                seg.alloc.free_many(ranges)
         if removed:
             self._emit(Event(EventKind.REMOVED, removed, removed_size))
         return out
@@ -1166,8 +1460,10 @@ class MasterCore:
         out, self.journal = self.journal, []
         return out
 
-    def _drop(self, s: int) -> None:
-        """Forget an object and free its replicas on the segments still mounted."""
+    def _drop(self, s: int, frees: dict[Segment, list[tuple[int, int]]] | None = None) -> None:
+        """Forget an object and free its replicas on the segments still mounted. With
+        `frees`, its ranges are added there instead, for the caller to free in bulk
+        (ExtentAllocator.free_many) before anything allocates again."""
         t = self._objects
         size = t.size[s]
         by_id = self._segments.by_id
@@ -1178,7 +1474,13 @@ class MasterCore:
         for h in t.handles(s):
             seg = by_id.get(h >> OFFSET_BITS)
             if seg is not None:
-                seg.alloc.free(h & OFFSET_MASK, _alloc_size(seg.tier, size))
+                if frees is None:
+                    seg.alloc.free(h & OFFSET_MASK, _alloc_size(seg.tier, size))
+                else:
+                    ranges = frees.get(seg)
+                    if ranges is None:
+                        ranges = frees[seg] = []
+                    ranges.append((h & OFFSET_MASK, _alloc_size(seg.tier, size)))
                 seg.replicas -= 1
         move = self._moves.pop(s, None)
         if move is not None:
