@@ -20,14 +20,13 @@ bounded (oldest learned first out) and costs nothing on the master.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 MAX_AGE = 60.0
 DEFAULT_CAPACITY = 65536
 
 
-@dataclass(slots=True, frozen=True)
-class Seen:
+class Seen(NamedTuple):  # a tuple: built for every object a client writes or reads
     epoch: int
     placement: int
     size: int
@@ -63,9 +62,8 @@ class Placements:
         if not self.capacity or not placement:
             return
         seen = self._seen
-        seen.pop(key, None)  # re-learned: now the newest
-        if len(seen) >= self.capacity:
-            del seen[next(iter(seen))]
+        if seen.pop(key, None) is None and len(seen) >= self.capacity:
+            del seen[next(iter(seen))]  # the oldest learned
         seen[key] = Seen(epoch, placement, size, checksum, segment, node_id, addr,
                          time.monotonic() if now is None else now)
 
