@@ -19,6 +19,7 @@ from kvstore.errors import Code, Internal
 from kvstore.master.core import CoreConfig, Location, ManualClock, MasterCore
 from kvstore.master.core.allocator import ExtentAllocator
 from kvstore.master.core.core import _location
+from kvstore.master.core.segments import OFFSET_BITS, OFFSET_MASK
 
 KiB = 1024
 
@@ -130,6 +131,33 @@ def core_state(core: MasterCore) -> dict[str, Any]:
     }
 
 
+def check_free_extents(core: MasterCore) -> None:
+    """Every segment's free extents are exactly the coalesced gaps between the ranges its
+    live objects hold: nothing freed twice, nothing lost (deferred frees included)."""
+    t = core._objects
+    held: dict[int, list[tuple[int, int]]] = {sid: [] for sid in core._segments.by_id}
+    for s in t.index.values():
+        for h in t.handles(s):
+            seg = core._segments.by_id[h >> OFFSET_BITS]
+            off = h & OFFSET_MASK
+            held[seg.seg_id].append((off, off + seg.alloc.round_up(t.size[s])))
+    for sid, spans in held.items():
+        alloc = core._segments.by_id[sid].alloc
+        spans.sort()
+        gaps: list[tuple[int, int]] = []
+        at = 0
+        for start, end in spans:
+            assert start >= at, "overlapping replicas"
+            if start > at:
+                gaps.append((at, start - at))
+            at = end
+        if at < alloc.capacity:
+            gaps.append((at, alloc.capacity - at))
+        assert list(alloc._by_offset.items()) == gaps
+        assert sorted((n, o) for o, n in gaps) == list(alloc._by_size)
+        assert alloc.free_bytes == sum(n for _, n in gaps)
+
+
 def results(rs: list[Any]) -> list[Any]:
     return [(r.code, r.message, r.placement, list(r.locations)) for r in rs]
 
@@ -170,6 +198,7 @@ class Twins:
         else:
             assert a == b
         assert core_state(self.fast) == core_state(self.slow)
+        check_free_extents(self.fast)
         return a
 
     def random_key(self) -> Any:
@@ -292,3 +321,24 @@ def test_a_full_store_falls_back_and_evicts_like_before() -> None:
     got = twins.both("put_start", keys, [16 * KiB] * 12, [1] * 12)
     assert all(r.code == Code.OK for r in got)
     assert twins.fast._evictions > 0
+
+
+def test_eviction_and_remove_free_every_range() -> None:
+    core = MasterCore(CoreConfig(evict_high=0.9, evict_low=0.5), ManualClock())
+    core.mount_segment("n0", "seg0", 1 << 32, 1 << 20)
+    core.mount_segment("n1", "seg1", 1 << 33, 1 << 20)
+    rng = random.Random(5)
+    for r in range(200):
+        keys = [f"k{r}-{i}".encode() for i in range(rng.randrange(1, 20))]
+        sizes = [rng.choice([100, 4 * KiB, 9 * KiB, 16 * KiB]) for _ in keys]
+        core.put_start(keys, sizes, [1] * len(keys), replicas=rng.choice([1, 2]))
+        core.put_end(keys)
+        check_free_extents(core)
+        if r % 7 == 0:
+            live = core.keys(limit=10**6)
+            core.remove(rng.sample(live, min(10, len(live))))
+            check_free_extents(core)
+    assert core._evictions > 100
+    core.evict_to(0.0)
+    check_free_extents(core)
+    assert core.stats().pool_used == 0

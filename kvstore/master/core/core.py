@@ -1838,11 +1838,13 @@ class MasterCore:
 
     # -- eviction policy (the order itself lives in eviction.LruList) --------------
 
-    def _evict_oldest(self, demote: bool = False) -> tuple[int, tuple[int, ...]]:
+    def _evict_oldest(
+        self, demote: bool = False, frees: dict[Segment, list[tuple[int, int]]] | None = None
+    ) -> tuple[int, tuple[int, ...]]:
         """Evict the least recently used evictable object: (DRAM bytes freed, its
         replica handles), or (0, ()) when nothing is evictable. With `demote`, an object
         whose node has SSD room is demoted instead of dropped (its DRAM is freed once
-        the node has copied it)."""
+        the node has copied it). `frees`: see _drop."""
         s = self._lru.oldest()
         if not s:
             return 0, ()
@@ -1855,19 +1857,27 @@ class MasterCore:
         self._evicted_size += t.size[s]
         self._evictions += 1
         self._evicted_bytes += t.size[s]
-        self._drop(s)
+        self._drop(s, frees)
         return freed, handles
 
     def _evict_until(self, target: float, used: int, limit: int | None = None) -> int:
         """Evict until used <= target (or `limit` objects went); returns used afterwards.
         Stops at the first object that gets there, so it never evicts more than needed."""
         n = 0
-        while used > target and (limit is None or n < limit):
-            freed, handles = self._evict_oldest(demote=True)
-            if not handles:
-                break
-            used -= freed
-            n += 1
+        # Nothing here allocates DRAM or looks at its free extents (`used` counts the
+        # objects' footprints), so the victims' ranges can be freed together at the end:
+        # the LRU's oldest were mostly written together and sit together.
+        frees: dict[Segment, list[tuple[int, int]]] = {}
+        try:
+            while used > target and (limit is None or n < limit):
+                freed, handles = self._evict_oldest(True, frees)
+                if not handles:
+                    break
+                used -= freed
+                n += 1
+        finally:
+            for seg, ranges in frees.items():
+                seg.alloc.free_many(ranges)
         return used
 
     def _evict_to_watermark(self, now: float) -> None:
