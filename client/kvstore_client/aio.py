@@ -193,10 +193,11 @@ class AsyncKVStoreClient:
                     elif isinstance(step, Start):
                         # Submitting is quick, unless a node is new (etcd, a probe).
                         if state.resolved(step.plan):
-                            value = state.start_transfers(step.plan, step.write, step.dead)
+                            value = state.start_transfers(step.plan, step.write, step.dead,
+                                                          step.at_once)
                         else:
                             value = await asyncio.to_thread(state.start_transfers, step.plan,
-                                                            step.write, step.dead)
+                                                            step.write, step.dead, step.at_once)
                         started.append(value)
                     elif isinstance(step, Finish):
                         value = await asyncio.to_thread(state.finish_transfers, step.ticket)

@@ -216,7 +216,8 @@ class KVStoreClient:
                     elif isinstance(step, Answer):
                         value = self._answer(step.asked)
                     elif isinstance(step, Start):
-                        value = self._state.start_transfers(step.plan, step.write, step.dead)
+                        value = self._state.start_transfers(step.plan, step.write, step.dead,
+                                                            step.at_once)
                         started.append(value)
                     elif isinstance(step, Finish):
                         value = self._state.finish_transfers(step.ticket)

@@ -88,8 +88,8 @@ class Ticket:
     carries, bytes) and what is left to do when it is finished (same-host copies, a
     small batch's one blocking call). Finishing it twice is harmless."""
 
-    __slots__ = ("deadline", "done", "failed", "local", "lock", "pending", "small", "total",
-                 "write")
+    __slots__ = ("deadline", "done", "failed", "local", "lock", "pending", "small", "spin",
+                 "total", "write")
 
     def __init__(self, write: bool) -> None:
         self.write = write
@@ -99,6 +99,7 @@ class Ticket:
         self.small: list[tuple[Target, list[Xfer]]] = []
         self.failed: dict[Target, KVStoreError] = {}
         self.total = 0
+        self.spin = False  # poll without sleeping: a small batch submitted at once
         self.done = False
         self.lock = threading.Lock()
 
@@ -118,11 +119,13 @@ class Move:
 @dataclass(slots=True)
 class Start:
     """Submit a batch of transfers and go on at once; the value is its Ticket. Targets in
-    `dead` failed earlier in the same call and are not tried again."""
+    `dead` failed earlier in the same call and are not tried again. `at_once`: submit a
+    small batch now too (see ClientState.start_transfers)."""
 
     plan: Plan
     write: bool
     dead: dict[Target, KVStoreError] | None = None
+    at_once: bool = False
 
 
 @dataclass(slots=True)
@@ -286,14 +289,18 @@ class ClientState:
         return all(t in known and (known[t] or self.transfer.ready(t[0])) for t in plan)
 
     def start_transfers(self, plan: Plan, write: bool,
-                        dead: dict[Target, KVStoreError] | None = None) -> Ticket:
+                        dead: dict[Target, KVStoreError] | None = None,
+                        at_once: bool = False) -> Ticket:
         """Submit the plan's engine transfers and return without waiting.
 
         Same-host targets are copied with memcpy, and a batch of at most SYNC_MAX bytes
         over the engine moves in one blocking engine call (it spins, which costs least for
         a short wait): both when the ticket is finished. A larger one is submitted now in
-        pieces (see `pieces`) and polled when finished. Targets in `dead` (failed earlier
-        in the same call) are not tried again: their transfers fail at once.
+        pieces (see `pieces`) and polled when finished. With `at_once`, a small batch is
+        submitted now as well and polled without sleeping: for a caller with something
+        to do while it moves (early reads send their GetReplicas meanwhile). Targets in
+        `dead` (failed earlier in the same call) are not tried again: their transfers fail
+        at once.
         """
         t = Ticket(write)
         remote: list[tuple[Target, list[Xfer]]] = []
@@ -313,8 +320,10 @@ class ClientState:
         # the client's timeout), plus 1 s per GB.
         t.deadline = time.monotonic() + self.transfer.batch_timeout + t.total * 1e-9
         if t.total <= SYNC_MAX:
-            t.small = remote
-            return t
+            if not at_once:
+                t.small = remote
+                return t
+            t.spin = True
         # Pieces of PIECE bytes, larger for a large batch (MAX_PIECES per batch at most):
         # each costs a submission and polls, and a few dozen in flight keep the engine busy.
         piece = max(PIECE, -(-t.total // MAX_PIECES) if MAX_PIECES else 0)
@@ -396,6 +405,8 @@ class ClientState:
                         f"{verb} store node {p[1][0]} did not finish in time (the client's "
                         "timeout); the node may be frozen or cut off"))
                 break
+            if t.spin:
+                continue
             left = sum(p[3] for p in pending)
             time.sleep(min(POLL_MAX, max(POLL_MIN, left / POLL_RATE)))
         t.pending = []
@@ -820,10 +831,11 @@ def _early_plan(seen: list[Seen], dests: list[Dest]) -> tuple[Plan, list[tuple[T
 def _read_while_asking(request: pb.GetReplicasRequest,
                        plan: Plan) -> Flow[tuple[Any, dict[Target, KVStoreError]]]:
     """GetReplicas, with the plan's reads moving while the master answers: the reply and
-    the reads' failures per node. The reads finish first (a small batch moves in one
-    blocking engine call, with the reply waiting in the socket meanwhile)."""
+    the reads' failures per node. The reads are submitted before the request is sent
+    (sending wakes the master, which is not free on a small VM) and finish before the
+    reply is read (it waits in the socket meanwhile)."""
+    ticket = yield Start(plan, write=False, at_once=True)
     asked = yield Ask("GetReplicas", request)
-    ticket = yield Start(plan, write=False)
     failed: dict[Target, KVStoreError] = yield Finish(ticket)
     reply = yield Answer(asked)
     return reply, failed
