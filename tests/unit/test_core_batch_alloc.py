@@ -19,6 +19,7 @@ from kvstore.errors import Code, Internal
 from kvstore.master.core import CoreConfig, Location, ManualClock, MasterCore
 from kvstore.master.core.allocator import ExtentAllocator
 from kvstore.master.core.core import _location
+from kvstore.master.core.objects import ObjectTable
 from kvstore.master.core.segments import OFFSET_BITS, OFFSET_MASK
 
 KiB = 1024
@@ -342,3 +343,48 @@ def test_eviction_and_remove_free_every_range() -> None:
     core.evict_to(0.0)
     check_free_extents(core)
     assert core.stats().pool_used == 0
+
+
+def table_state(t: ObjectTable) -> list[Any]:
+    return [dict(t.index), list(t.key_of), t.placements, list(t._free_slots)] + [
+        list(c) for c in (t.size, t.checksum, t.where, t.space, t.pins, t.gen, t.placed,
+                          t.created, t.touched)]
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_new_many_is_exactly_repeated_new(seed: int) -> None:
+    """Slots reused in runs (both directions), scattered, or appended: same table."""
+    rng = random.Random(seed)
+    a, b = ObjectTable(), ObjectTable()
+    serial = itertools.count()
+    now = 1.0
+    for _ in range(30):
+        if rng.random() < 0.01:
+            a.placements = b.placements = 2**32 - 1 - rng.randrange(5)  # about to wrap
+        live = list(a.index.values())
+        if live and rng.random() < 0.5:
+            # Free some: a run in key order, a run backwards, or scattered.
+            how = rng.choice(["run", "backwards", "scattered"])
+            live.sort()
+            if how == "scattered":
+                gone = rng.sample(live, rng.randrange(1, len(live) + 1))
+            else:
+                i = rng.randrange(len(live))
+                gone = live[i:i + rng.randrange(1, 40)]
+                if how == "backwards":
+                    gone.reverse()
+            for s in gone:
+                a.free(s)
+                b.free(s)
+            continue
+        n = rng.randrange(1, 40)
+        keys = [f"k{next(serial)}".encode() for _ in range(n)]
+        sizes = [rng.randrange(1, 1 << 20) for _ in range(n)]
+        checksums = [rng.randrange(1 << 64) for _ in range(n)]
+        firsts = [rng.randrange(1 << 60) for _ in range(n)]
+        spaces = [rng.randrange(1 << 30) for _ in range(n)]
+        now += 1.0
+        one_by_one = [b.new(k, z, c, (f,), sp, now)
+                      for k, z, c, f, sp in zip(keys, sizes, checksums, firsts, spaces, strict=True)]
+        assert a.new_many(keys, sizes, checksums, firsts, spaces, now) == one_by_one
+        assert table_state(a) == table_state(b)

@@ -174,28 +174,59 @@ class ObjectTable:
         p = self.placements
         placed = self.placed
         if reuse:
-            key_of = self.key_of
-            size = self.size
-            checksum = self.checksum
-            where = self.where
-            space = self.space
-            pins = self.pins
-            created = self.created
-            touched = self.touched
-            pop = free.pop
-            for i in range(reuse):
-                s = pop()
-                key_of[s] = keys[i]
-                size[s] = sizes[i]
-                checksum[s] = checksums[i]
-                where[s] = firsts[i]
-                space[s] = spaces[i]
-                pins[s] = PENDING
-                p = p % _GEN_MASK + 1
-                placed[s] = p
-                created[s] = now
-                touched[s] = now
-                out.append(s)
+            taken = free[-reuse:]
+            del free[-reuse:]
+            taken.reverse()  # the order pop() would hand them out
+            first = taken[0]
+            if reuse > 1 and p + reuse <= _GEN_MASK and (
+                    taken == list(range(first, first + reuse))
+                    or taken == list(range(first, first - reuse, -1))):
+                # A run of neighbouring slots (a batch freed together, the usual case):
+                # one slice store per column instead of one store per slot and column.
+                ks = keys[:reuse]
+                zs, cs, ws, sps = sizes[:reuse], checksums[:reuse], firsts[:reuse], spaces[:reuse]
+                ps = list(range(p + 1, p + reuse + 1))
+                p += reuse
+                if taken[1] < first:  # descending: slot first - i gets object i
+                    lo = first - reuse + 1
+                    ks.reverse()
+                    for col in (zs, cs, ws, sps, ps):
+                        col.reverse()
+                else:
+                    lo = first
+                hi = lo + reuse
+                self.key_of[lo:hi] = ks
+                self.size[lo:hi] = array("q", zs)
+                self.checksum[lo:hi] = array("Q", cs)
+                self.where[lo:hi] = array("Q", ws)
+                self.space[lo:hi] = array("q", sps)
+                self.pins[lo:hi] = array("i", [PENDING]) * reuse
+                self.placed[lo:hi] = array("I", ps)
+                stamp = array("d", [now]) * reuse
+                self.created[lo:hi] = stamp
+                self.touched[lo:hi] = stamp
+                out = taken
+            else:
+                key_of = self.key_of
+                size = self.size
+                checksum = self.checksum
+                where = self.where
+                space = self.space
+                pins = self.pins
+                created = self.created
+                touched = self.touched
+                for i, s in enumerate(taken):
+                    key_of[s] = keys[i]
+                    size[s] = sizes[i]
+                    checksum[s] = checksums[i]
+                    where[s] = firsts[i]
+                    space[s] = spaces[i]
+                    pins[s] = PENDING
+                    p = p % _GEN_MASK + 1
+                    placed[s] = p
+                    created[s] = now
+                    touched[s] = now
+                out = taken
         m = n - reuse
         if m:
             s0 = len(self.key_of)
@@ -218,8 +249,7 @@ class ObjectTable:
                 for _ in range(m):
                     p = p % _GEN_MASK + 1
                     placed.append(p)
-            stamps = repeat(now, m)
-            self.created.extend(stamps)
+            self.created.extend(repeat(now, m))
             self.touched.extend(repeat(now, m))
             # count(), not range(): same ints, but tracemalloc (bench/master_memory.py)
             # sees 28 bytes for each of these, as for new()'s len(), not range's 32.
