@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -236,6 +236,7 @@ class ClientState:
         self.stats = ClientStats()
         self.regions: list[tuple[int, int]] = []
         self._local_known: dict[Target, bool] = {}  # target -> reachable by memcpy
+        self._answered: dict[Target, float] = {}  # engine target -> when it last moved bytes
 
     @classmethod
     def build(cls, etcd: str | None, layout: Layout, buffer_size: int, host: str, protocol: str,
@@ -281,6 +282,21 @@ class ClientState:
         if known and all(known.values()):
             return [(0, len(sizes))]
         return groups(sizes)
+
+    def answering(self, targets: Iterable[Target]) -> bool:
+        """Whether each target is reached by memcpy or moved bytes for this client within
+        EARLY_FRESH seconds: an early read goes only there. A node that froze since is
+        then still listed by the master (its lease outlives EARLY_FRESH), so asking first
+        would send the read there as well; a node the master already dropped is never
+        read early, which would wait out the transfer timeout for a certain miss."""
+        known = self._local_known
+        answered = self._answered
+        oldest = time.monotonic() - EARLY_FRESH
+        ready = self.transfer.ready
+        for t in targets:
+            if not known.get(t) and not (answered.get(t, 0.0) > oldest and ready(t[0])):
+                return False
+        return True
 
     def resolved(self, plan: Plan) -> bool:
         """Whether starting this plan cannot block: same-host targets told apart (that may
@@ -364,13 +380,16 @@ class ClientState:
                    [x.size for x in items])
             except KVStoreError as exc:
                 failed[target] = exc
+                self._answered.pop(target, None)
                 continue
             if not write:
                 for x in items:
                     _verify(x)
+            self._answered[target] = time.monotonic()
         pending = t.pending
         if not pending:
             return
+        targets = {p[1] for p in pending}
         verb = "writing to" if write else "reading from"
         deadline = t.deadline
         status = self.transfer.status
@@ -410,6 +429,12 @@ class ClientState:
             left = sum(p[3] for p in pending)
             time.sleep(min(POLL_MAX, max(POLL_MIN, left / POLL_RATE)))
         t.pending = []
+        now = time.monotonic()
+        for target in targets:
+            if target in failed:
+                self._answered.pop(target, None)
+            else:
+                self._answered[target] = now
 
     def run_transfers(self, plan: Plan, write: bool) -> dict[Target, KVStoreError]:
         """Start and finish a plan (the Move step)."""
@@ -429,6 +454,9 @@ SYNC_MAX = 256 << 10
 # the engine moves in parallel over several connections. A batch larger than
 # PIECE x MAX_PIECES uses fewer, larger pieces (each costs a submission and polls).
 PIECE = 512 << 10
+# Early reads go only to store nodes that moved bytes for this client this recently
+# (see ClientState.answering); well under any node lease (2 s at the very least).
+EARLY_FRESH = 1.0
 MAX_PIECES = 64
 # Polling a batch in flight: sleep about the time the bytes left need at POLL_RATE,
 # within [POLL_MIN, POLL_MAX] seconds; each round asks about the pieces in the order
@@ -755,7 +783,7 @@ def _get_once(st: ClientState, keys: list[bytes], todo: list[int],
     seen = st.placements.recall(asked)
     early: list[tuple[Target, Xfer]] | None = None
     early_failed: dict[Target, KVStoreError] = {}
-    if seen is not None:
+    if seen is not None and st.answering({(s.segment, s.node_id) for s in seen}):
         sizes = [s.size for s in seen]
         if len(list(st.staging.slices(sizes))) == 1:  # (may grow the buffer)
             dests = [Dest(st.staging.addr + off, st.staging.view[off:off + n])
@@ -768,6 +796,7 @@ def _get_once(st: ClientState, keys: list[bytes], todo: list[int],
     items = yield from _settle(asked, list(reply.items), reply.lease_id, deadline)
     _note_placements(st, asked, reply.epoch, items, seen)
     found: list[tuple[int, pb.ReadItem]] = []
+    retry: list[int] = []
     in_time = time.monotonic() <= deadline
     kept = 0
     for p, (i, item) in enumerate(zip(todo, items, strict=True)):
@@ -775,18 +804,25 @@ def _get_once(st: ClientState, keys: list[bytes], todo: list[int],
             continue
         if early is not None and seen is not None and in_time:
             target, x = early[p]
-            if _confirmed(seen[p], reply.epoch, item) and target not in early_failed and x.ok:
-                assert x.view is not None
-                out[i] = bytes(x.view)
-                st.stats.hits += 1
-                st.stats.bytes_read += item.size
-                kept += 1
-                continue
+            if _confirmed(seen[p], reply.epoch, item):
+                if target in early_failed:
+                    # As a first read failing there: another attempt asks first (the
+                    # node may be gone) and tries the other replicas.
+                    out[i] = early_failed[target]
+                    st.placements.forget(keys[i])
+                    retry.append(i)
+                    continue
+                if x.ok:
+                    assert x.view is not None
+                    out[i] = bytes(x.view)
+                    st.stats.hits += 1
+                    st.stats.bytes_read += item.size
+                    kept += 1
+                    continue
         found.append((i, item))
     if early is not None:
         st.stats.early_reads += kept
         st.stats.early_wasted += len(early) - kept
-    retry: list[int] = []
     try:
         for lo, hi in st.staging.slices([item.size for _, item in found]):
             part = found[lo:hi]
@@ -887,7 +923,8 @@ def get_into(st: ClientState, keys: Sequence[bytes], buffers: Sequence[Any],
     expired = False
     spans = st.pipelined([d.view.nbytes for d in dests])
     seen = st.placements.recall(checked) if len(spans) == 1 else None
-    if seen is not None and any(s.size > d.view.nbytes for s, d in zip(seen, dests, strict=True)):
+    if seen is not None and (any(s.size > d.view.nbytes for s, d in zip(seen, dests, strict=True))
+                             or not st.answering({(s.segment, s.node_id) for s in seen})):
         seen = None
     try:
         for lo, hi in spans:

@@ -636,7 +636,7 @@ def test_the_async_client_reads_early_the_same_way(rig: Rig) -> None:
 
     client._call = call  # type: ignore[method-assign]
     client._release_later = rig.master.release  # type: ignore[method-assign]
-    keys, values, src, dst = _put_small(rig, prefix="x")
+    keys, values, _, dst = _put_small(rig, prefix="x")
     _move(rig, keys[0], values[0])
 
     async def main() -> None:
@@ -648,3 +648,34 @@ def test_the_async_client_reads_early_the_same_way(rig: Rig) -> None:
     assert dst.tobytes() == b"".join(values)
     assert rig.client.stats.early_reads == 2 + 3 and rig.client.stats.early_wasted == 1
     assert not rig.transfer.moving and set(rig.master.moving_at_release) == {0}
+
+
+def test_nodes_silent_for_a_while_are_asked_about_first(rig: Rig,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A node the master may already have dropped (frozen, cut off) must not be read
+    # early: the read would wait out the transfer timeout for a certain miss.
+    keys, values, _, _ = _put_small(rig)
+    monkeypatch.setattr(flows, "EARLY_FRESH", 0.0)
+    assert rig.client.get_many(keys) == values
+    assert "ask" not in [e[0] for e in rig.trace] and rig.client.stats.early_reads == 0
+    monkeypatch.setattr(flows, "EARLY_FRESH", 60.0)  # it just moved bytes: early again
+    assert rig.client.get_many(keys) == values
+    assert rig.client.stats.early_reads == 3
+
+
+def test_an_early_read_from_a_failing_node_is_not_repeated_there(rig: Rig) -> None:
+    keys, values, _, _ = _put_small(rig)
+    addr, _, _ = rig.master.objects[keys[0]]
+    rig.transfer.fail_remote = {addr}  # the node fails every transfer that touches it
+    assert rig.client.get_many(keys) == [None, None, None]
+    kinds = [e[0] for e in rig.trace]
+    # early batch + question, then the second attempt asks first (no early read)
+    assert kinds.count("ask") == 1 and kinds.count("rpc") == 2
+    assert kinds.index("rpc", kinds.index("rpc") + 1) > kinds.index("answer")
+    assert rig.client.stats.early_reads == 0
+    rig.transfer.fail_remote = set()  # back, but not heard from since it failed
+    rig.trace.clear()
+    assert rig.client.get_many(keys) == values
+    assert "ask" not in [e[0] for e in rig.trace]
+    assert rig.client.get_many(keys) == values  # it just answered: early again
+    assert rig.client.stats.early_reads == 3
