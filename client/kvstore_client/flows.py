@@ -868,12 +868,19 @@ def _read_while_asking(request: pb.GetReplicasRequest,
                        plan: Plan) -> Flow[tuple[Any, dict[Target, KVStoreError]]]:
     """GetReplicas, with the plan's reads moving while the master answers: the reply and
     the reads' failures per node. The reads are submitted before the request is sent
-    (sending wakes the master, which is not free on a small VM) and finish before the
-    reply is read (it waits in the socket meanwhile)."""
+    (sending wakes the master, which is not free on a small VM), and the caller sleeps
+    in the socket for the reply before it polls the reads, so that the master and the
+    engine's threads have the CPU meanwhile (single 64 KiB gets on 2 vCPUs, 5 rounds
+    interleaved: p50 208-266 µs this way, 271-342 µs polling first, 357-450 µs asking
+    before reading)."""
     ticket = yield Start(plan, write=False, at_once=True)
     asked = yield Ask("GetReplicas", request)
-    failed: dict[Target, KVStoreError] = yield Finish(ticket)
+    if ticket.local and not (ticket.pending or ticket.small):
+        # Same-host only: the copies run in this thread, so they go first.
+        failed: dict[Target, KVStoreError] = yield Finish(ticket)
+        return (yield Answer(asked)), failed
     reply = yield Answer(asked)
+    failed = yield Finish(ticket)
     return reply, failed
 
 

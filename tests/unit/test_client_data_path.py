@@ -536,10 +536,10 @@ def test_a_known_object_is_read_while_its_location_is_asked(rig: Rig) -> None:
     keys, values, _, dst = _put_small(rig)
     assert rig.client.get_into(keys, _slices(dst, 3, SMALL)) == [None] * 3
     assert dst.tobytes() == b"".join(values)
-    # The reads submitted, then the question sent, then the bytes in (polled without
-    # sleeping), then the answer read.
+    # The reads submitted, then the question sent, then the answer read, then the bytes
+    # in (polled without sleeping), and only then the lease released.
     kinds = [e[0] for e in rig.trace]
-    assert kinds[:3] == ["start", "ask", "rpc"] and kinds.index("answer") > kinds.index("done")
+    assert kinds == ["start", "ask", "rpc", "answer", "done", "release"]
     assert rig.transfer.blocking_calls == 0
     assert rig.client.stats.early_reads == 3 and rig.client.stats.early_wasted == 0
     # The same through the staging buffer (get_many), learned from get_into's answer too.
