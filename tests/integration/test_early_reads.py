@@ -15,13 +15,15 @@ from tests.conftest import Cluster
 SIZE = 200_000
 
 
-@pytest.mark.parametrize("same_host", [False, True], ids=["engine", "same-host"])
-def test_early_reads_return_the_current_object_or_a_miss(cluster: Cluster,
-                                                          same_host: bool) -> None:
+@pytest.mark.parametrize(("same_host", "transport"),
+                         [(False, "fast"), (True, "fast"), (False, "grpc")],
+                         ids=["engine", "same-host", "engine-grpc"])
+def test_early_reads_return_the_current_object_or_a_miss(cluster: Cluster, same_host: bool,
+                                                          transport: str) -> None:
     rng = random.Random(7)
     keys = [f"er-{i}".encode() for i in range(4)]
     values = [rng.randbytes(SIZE) for _ in keys]
-    with KVStoreClient(etcd=cluster.etcd, same_host=same_host) as a, \
+    with KVStoreClient(etcd=cluster.etcd, same_host=same_host, transport=transport) as a, \
             KVStoreClient(etcd=cluster.etcd) as b:
         assert a.put_many(keys, values) == [None] * 4
         assert a.get_many(keys) == values
