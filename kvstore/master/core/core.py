@@ -736,22 +736,27 @@ class MasterCore:
                 touched[s] = now
                 results.append(read(s))
             return GetReplicasResult(lease.lease_id, lease.expires_at, results)
-        found: list[bytes] = []
-        for key in keys:
-            k = _norm_key(key)
-            if k is None:
-                results.append(ReadResult(Code.INVALID_ARGUMENT))
-                continue
-            slot = t.index.get(k)
-            if slot is None or t.pins[slot] < 0:
-                results.append(ReadResult(Code.NOT_FOUND))
-                continue
-            found.append(k)
-            results.append(self._read_result(slot))
+        batch = self._read_batch(keys)
+        if batch is not None:
+            results, found, slots = batch
+        else:
+            found = []
+            for key in keys:
+                k = _norm_key(key)
+                if k is None:
+                    results.append(ReadResult(Code.INVALID_ARGUMENT))
+                    continue
+                slot = t.index.get(k)
+                if slot is None or t.pins[slot] < 0:
+                    results.append(ReadResult(Code.NOT_FOUND))
+                    continue
+                found.append(k)
+                results.append(self._read_result(slot))
+            index = t.index
+            slots = [index[k] for k in found] if found else []
         if not found:
             return GetReplicasResult(0, 0.0, results)
-        index = t.index
-        tokens = self._pin_slots([index[k] for k in found], now)
+        tokens = self._pin_slots(slots, now)
         lease = self._leases.grant(holder, found, tokens, ttl, now, owner or "")
         self._leases_granted += 1
         return GetReplicasResult(lease.lease_id, lease.expires_at, results)
@@ -1392,8 +1397,66 @@ class MasterCore:
         out: list[Location] = []
         for h in t.handles(s):
             seg = by_id[h >> OFFSET_BITS]
-            out.append(Location(seg.node_id, seg.name, seg.base_addr + (h & OFFSET_MASK), size, seg.tier))
+            out.append(_location(seg.node_id, seg.name, seg.base_addr + (h & OFFSET_MASK), size, seg.tier))
         return out
+
+    def _read_batch(
+        self, keys: Sequence[bytes],
+    ) -> tuple[list[ReadResult], list[bytes], list[int]] | None:
+        """get_replicas's scan without a lease, when every key is bytes of a valid length
+        and every object found sits in DRAM: the results (each what _read_result or
+        NOT_FOUND would give), the keys found and their slots, in order; nothing is
+        changed. None (the per-key path's turn) otherwise: an invalid key, or an object
+        on SSD, whose promotion must be queued at its place in the scan."""
+        if not keys:
+            return None
+        try:
+            if (set(map(type, keys)) != {bytes} or min(map(len, keys)) == 0
+                    or max(map(len, keys)) > MAX_KEY_BYTES):
+                return None
+        except TypeError:
+            return None
+        t = self._objects
+        get = t.index.get
+        pins = t.pins
+        sizes = t.size
+        checksums = t.checksum
+        where = t.where
+        placed = t.placed
+        extra = t.extra
+        by_id = self._segments.by_id
+        new = _new_object
+        ok = Code.OK
+        not_found = Code.NOT_FOUND
+        results: list[ReadResult] = []
+        result = results.append
+        found: list[bytes] = []
+        slots: list[int] = []
+        for k in keys:
+            s = get(k)
+            if s is None or pins[s] < 0:
+                result(ReadResult(not_found))
+                continue
+            h = where[s]
+            seg = by_id[h >> OFFSET_BITS]
+            tier = seg.tier
+            if tier != DRAM:
+                return None
+            size = sizes[s]
+            if s in extra:
+                locations = self._locations(s)
+            else:
+                loc = new(Location)
+                _set_node_id(loc, seg.node_id)
+                _set_segment(loc, seg.name)
+                _set_addr(loc, seg.base_addr + (h & OFFSET_MASK))
+                _set_size(loc, size)
+                _set_tier(loc, tier)
+                locations = [loc]
+            result(ReadResult(ok, size, checksums[s], locations, placed[s]))
+            found.append(k)
+            slots.append(s)
+        return results, found, slots
 
     def _pin_slots(self, slots: list[int], now: float) -> list[int]:
         """Pin each slot (all COMPLETE) once; returns their tokens in order."""
