@@ -77,25 +77,43 @@ def test_lease_release_keep_first_and_renew(small: Cluster) -> None:
 
 def test_lease_that_expires_during_a_slow_read_raises(small: Cluster) -> None:
     # The slow transfer is simulated on the Transfer Engine path.
-    with KVStoreClient(etcd=small.etcd, same_host=False) as c:
-        c.put(b"slow", _value(1, 4096))
+    # Both ways a read starts: asking first (a blocking engine call) and early (the
+    # client wrote the key, so it reads while it asks: a polled engine transfer).
+    for early in (False, True):
+        _slow_read_under_a_lapsing_lease(small, early)
+
+
+def _slow_read_under_a_lapsing_lease(small: Cluster, early: bool) -> None:
+    with KVStoreClient(etcd=small.etcd, same_host=False,
+                       placement_memory=65536 if early else 0) as c:
+        key = f"slow-{early}".encode()
+        c.put(key, _value(1, 4096))
         buf = bytearray(4096)
         c.register(buf)
-        lease = c.lookup([b"slow"], ttl=1)
-        real_read = c._state.transfer.read
+        lease = c.lookup([key], ttl=1)
+        transfer = c._state.transfer
+        real_read, real_status = transfer.read, transfer.status
 
         def slow_read(*args: object) -> None:
             real_read(*args)  # type: ignore[arg-type]
             time.sleep(1.3)  # the bytes are here, but the lease lapsed meanwhile
 
-        c._state.transfer.read = slow_read  # type: ignore[method-assign]
+        def slow_status(tid: int) -> int:
+            st = real_status(tid)
+            if st == 1:
+                time.sleep(1.3)
+            return st
+
+        transfer.read = slow_read  # type: ignore[method-assign]
+        transfer.status = slow_status  # type: ignore[method-assign]
         with pytest.raises(LeaseExpired):
-            c.get_into([b"slow"], [buf], lease=lease)
-        c._state.transfer.read = real_read  # type: ignore[method-assign]
+            c.get_into([key], [buf], lease=lease)
+        assert c.stats.early_reads == (1 if early else 0)
+        transfer.read, transfer.status = real_read, real_status  # type: ignore[method-assign]
         # with the lease gone at the master too, the next read under it is refused
         time.sleep(0.3)
         with pytest.raises(LeaseExpired):
-            c.get_into([b"slow"], [buf], lease=lease)
+            c.get_into([key], [buf], lease=lease)
 
 
 def test_unregistered_buffer_is_refused(small: Cluster) -> None:
