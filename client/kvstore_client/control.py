@@ -167,10 +167,14 @@ class GrpcControl:
         try:
             return getattr(self._stub, method)(request, timeout=timeout, metadata=self._md)
         except grpc.RpcError as exc:
-            code = exc.code().name  # type: ignore[attr-defined]
-            if code not in RETRIABLE:
-                raise unanswered(method, self.address, code) from exc
-            raise Retry(f"{self.address}: {code}") from exc
+            raise self._failure(method, exc) from exc
+
+    def _failure(self, method: str, exc: grpc.RpcError) -> Exception:
+        """Retry for what another attempt may fix, else the typed error."""
+        code = exc.code().name  # type: ignore[attr-defined]
+        if code not in RETRIABLE:
+            return unanswered(method, self.address, code)
+        return Retry(f"{self.address}: {code}")
 
     def ask(self, method: str, request: Any, timeout: float) -> Any:
         """Start a call and return at once (grpc runs it on a thread of its own); the
@@ -185,10 +189,7 @@ class GrpcControl:
         try:
             return asked.result()
         except grpc.RpcError as exc:
-            code = exc.code().name  # type: ignore[attr-defined]
-            if code not in RETRIABLE:
-                raise unanswered(method, self.address, code) from exc
-            raise Retry(f"{self.address}: {code}") from exc
+            raise self._failure(method, exc) from exc
 
     def release(self, lease_id: int, timeout: float) -> None:
         """Release without waiting; grpc runs the call on a thread of its own."""
@@ -210,12 +211,7 @@ class FastControl:
         self.channel = FastChannel(address, **_fast_args(address, tls, creds or Credentials()))
 
     def call(self, method: str, request: Any, timeout: float) -> Any:
-        try:
-            return self.channel.call(method, request, timeout)
-        except ssl.SSLCertVerificationError as exc:
-            raise tls_refused(self.address, exc) from exc
-        except OSError as exc:
-            raise Retry(f"{self.address}: {_why(exc)}") from exc
+        return self.answer(self.ask(method, request, timeout), method)
 
     def ask(self, method: str, request: Any, timeout: float) -> Any:
         """Send the request and return at once; the value goes to `answer`."""
