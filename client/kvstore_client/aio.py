@@ -40,10 +40,12 @@ from kvstore_client.flows import (
     ClientStats,
     Finish,
     Flow,
+    Later,
     Lease,
     Move,
     Release,
     Rpc,
+    Settle,
     Start,
     Ticket,
     Wait,
@@ -76,6 +78,7 @@ class AsyncKVStoreClient:
         tls_key: str | None = None,
         tls_server_name: str | None = None,
         placement_memory: int = flows.DEFAULT_PLACEMENTS,
+        reserve_bytes: int = flows.DEFAULT_RESERVE,
     ) -> None:
         self.etcd = etcd
         self._creds = Credentials.resolve(
@@ -91,7 +94,8 @@ class AsyncKVStoreClient:
         self._epoch = 0
         self._state = ClientState.build(None if master else etcd, self._layout, buffer_size,
                                         host, protocol, device, same_host, replicas,
-                                        timeout=timeout, placement_memory=placement_memory)
+                                        timeout=timeout, placement_memory=placement_memory,
+                                        reserve_bytes=reserve_bytes)
         self._staging_turn = asyncio.Lock()
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -122,6 +126,14 @@ class AsyncKVStoreClient:
     async def close(self) -> None:
         if self._background:
             await asyncio.wait(self._background, timeout=1.0)
+        reservations = self._state.reservations
+        if self._control is not None and reservations is not None:
+            left = reservations.drain()
+            if left:
+                # A master that does not answer soon reclaims them after its put timeout.
+                with contextlib.suppress(Retry, KVStoreError):
+                    await self._control.call("PutRevoke", pb.KeysRequest(
+                        keys=left, writer=self._state.writer_id), min(1.0, self.timeout))
         if self._control is not None:
             await self._control.close()
             self._control = None
@@ -155,6 +167,20 @@ class AsyncKVStoreClient:
     async def _reconnect_quietly(self) -> None:
         with contextlib.suppress(KVStoreError):
             await self.connect()
+
+    def _send_later(self, step: Later) -> None:
+        """A Later step: the call runs as a task of its own; `then` gets its reply, or
+        None if it failed."""
+
+        async def call() -> None:
+            reply = None
+            with contextlib.suppress(KVStoreError):
+                reply = await self._call(step.method, step.request)
+            step.then(reply)
+
+        task = asyncio.create_task(call())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _release_later(self, lease_id: int) -> None:
         if self._control is not None and self._control.release_oneway(lease_id):
@@ -190,6 +216,10 @@ class AsyncKVStoreClient:
                         asked.append(value)
                     elif isinstance(step, Answer):
                         value = await step.asked
+                    elif isinstance(step, Later):
+                        self._send_later(step)
+                    elif isinstance(step, Settle):
+                        pass  # a Later's reply is handed over by its own task
                     elif isinstance(step, Start):
                         # Submitting is quick, unless a node is new (etcd, a probe).
                         if state.resolved(step.plan):

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from kvstore.coord.layout import Layout
 from kvstore.errors import Code, KVStoreError, NotFound
 from kvstore.security.credentials import Credentials
+from kvstore.v1 import master_pb2 as pb
 from kvstore_client import flows
 from kvstore_client.control import (
     Control,
@@ -33,10 +34,12 @@ from kvstore_client.flows import (
     ClientStats,
     Finish,
     Flow,
+    Later,
     Lease,
     Move,
     Release,
     Rpc,
+    Settle,
     Start,
     Ticket,
     Wait,
@@ -84,6 +87,7 @@ class KVStoreClient:
         tls_key: str | None = None,
         tls_server_name: str | None = None,
         placement_memory: int = flows.DEFAULT_PLACEMENTS,
+        reserve_bytes: int = flows.DEFAULT_RESERVE,
     ) -> None:
         self.etcd = etcd
         self._creds = Credentials.resolve(
@@ -97,10 +101,12 @@ class KVStoreClient:
         self._fast_given_up = ""  # a fast address that would not take connections
         self.master_address = ""  # where control calls go (the fast or the gRPC address)
         self._epoch = 0  # the newest leader epoch seen; older replies are refused
+        self._later: tuple[_Asked, Any] | None = None  # a Later step's call, not yet read
         self._connect()
         self._state = ClientState.build(None if master else etcd, self._layout, buffer_size,
                                         host, protocol, device, same_host, replicas,
-                                        timeout=timeout, placement_memory=placement_memory)
+                                        timeout=timeout, placement_memory=placement_memory,
+                                        reserve_bytes=reserve_bytes)
 
     @property
     def stats(self) -> ClientStats:
@@ -120,6 +126,11 @@ class KVStoreClient:
 
     def close(self) -> None:
         control = getattr(self, "_control", None)  # None too if __init__ failed early
+        state = getattr(self, "_state", None)
+        if control is not None and state is not None and state.reservations is not None:
+            if self._later is not None:
+                self._settle_later()
+            self._revoke_quietly(state.reservations.drain())
         if control is not None:
             control.close()
             self._control = None
@@ -141,6 +152,8 @@ class KVStoreClient:
     def _call(self, method: str, request: Any) -> Any:
         """One control round trip. Follows the leader across a failover, retrying with
         bounded backoff, and fails with Unavailable once `timeout` has passed."""
+        if self._later is not None:
+            self._settle_later()
         deadline = time.monotonic() + self.timeout
         last = "no attempt"
         for attempt in range(1 << 30):
@@ -165,6 +178,8 @@ class KVStoreClient:
     def _ask(self, method: str, request: Any) -> _Asked:
         """Send a control request without waiting (see `_answer`). A failure to send is
         not reported here: `_answer` then makes the whole call, retries included."""
+        if self._later is not None:
+            self._settle_later()
         asked = _Asked(method, request, self._control)
         if self._control is not None:
             with contextlib.suppress(Retry):
@@ -187,6 +202,47 @@ class KVStoreClient:
                 self.stats.failovers += 1
                 self._reconnect_quietly()
         return self._call(asked.method, asked.request)
+
+    def _send_later(self, method: str, request: Any, then: Any) -> None:
+        """A Later step: sent now; its reply is read before the next control call."""
+        if self._later is not None:
+            self._settle_later()
+        asked = _Asked(method, request, self._control)
+        if self._control is not None:
+            with contextlib.suppress(Retry):
+                asked.handle = self._control.ask(method, request, self.timeout)
+        if asked.handle is None:
+            then(None)
+        else:
+            self._later = (asked, then)
+
+    def _settle_later(self) -> None:
+        """Read the reply of the Later call in flight and hand it on (None if it failed:
+        nobody retries it, nobody waits for it)."""
+        assert self._later is not None
+        asked, then = self._later
+        self._later = None
+        reply = None
+        control = self._control
+        if control is not None and control is asked.control:
+            try:
+                got = control.answer(asked.handle, asked.method)
+            except (Retry, KVStoreError):
+                pass
+            else:
+                if not from_stale_leader(got, self._epoch) and not got.error.code:
+                    self._epoch = got.epoch
+                    reply = got
+        then(reply)
+
+    def _revoke_quietly(self, keys: list[bytes]) -> None:
+        """Free placeholders as the client closes; a master that does not answer soon
+        reclaims them itself after its put timeout."""
+        if not keys or self._control is None:
+            return
+        with contextlib.suppress(Retry, KVStoreError):
+            self._control.call("PutRevoke", pb.KeysRequest(keys=keys, writer=self.writer_id),
+                               min(1.0, self.timeout))
 
     def _reconnect_quietly(self) -> None:
         with contextlib.suppress(KVStoreError):  # the next attempt reports the failure
@@ -215,6 +271,11 @@ class KVStoreClient:
                         value = self._ask(step.method, step.request)
                     elif isinstance(step, Answer):
                         value = self._answer(step.asked)
+                    elif isinstance(step, Later):
+                        self._send_later(step.method, step.request, step.then)
+                    elif isinstance(step, Settle):
+                        if self._later is not None:
+                            self._settle_later()
                     elif isinstance(step, Start):
                         value = self._state.start_transfers(step.plan, step.write, step.dead,
                                                             step.at_once)

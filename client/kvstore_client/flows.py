@@ -52,9 +52,11 @@ from kvstore.v1 import common_pb2 as cpb
 from kvstore.v1 import master_pb2 as pb
 from kvstore_client.local import LocalSegment, LocalSegments
 from kvstore_client.placements import DEFAULT_CAPACITY, Placements, Seen
+from kvstore_client.reservations import DEFAULT_BUDGET, Reservations, Reserved
 from kvstore_client.staging import Staging
 
 DEFAULT_PLACEMENTS = DEFAULT_CAPACITY  # objects whose placement a client remembers
+DEFAULT_RESERVE = DEFAULT_BUDGET  # bytes of space a client starts ahead for its puts
 
 T = TypeVar("T")
 
@@ -151,6 +153,21 @@ class Answer:
 
 
 @dataclass(slots=True)
+class Later:
+    """Send a control request and go on; `then` gets its reply, or None if it failed,
+    some time before the client's next control call (the flow never waits for it)."""
+
+    method: str
+    request: Any
+    then: Callable[[Any], None]
+
+
+@dataclass(slots=True)
+class Settle:
+    """Hand over the reply of a Later step still unread (the driver reads it now)."""
+
+
+@dataclass(slots=True)
 class Release:
     lease_id: int
 
@@ -160,7 +177,7 @@ class Wait:
     seconds: float
 
 
-Step = Rpc | Ask | Answer | Move | Start | Finish | Release | Wait
+Step = Rpc | Ask | Answer | Later | Settle | Move | Start | Finish | Release | Wait
 Flow = Generator[Step, Any, T]
 
 
@@ -175,6 +192,7 @@ class ClientStats:
     local_transfers: int = 0  # objects moved by the same-host fast path
     early_reads: int = 0  # objects read while asking, kept (the answer confirmed them)
     early_wasted: int = 0  # objects read while asking, thrown away (moved or gone)
+    one_call_puts: int = 0  # objects put into space started ahead (one control call)
     failovers: int = 0
     errors: dict[str, int] = field(default_factory=dict)
 
@@ -226,9 +244,11 @@ class ClientState:
     """Everything a client holds except its control channel."""
 
     def __init__(self, transfer: Transfer, staging: Staging, local: LocalSegments,
-                 writer_id: str, replicas: int, placements: Placements | None = None) -> None:
+                 writer_id: str, replicas: int, placements: Placements | None = None,
+                 reserve_bytes: int = 0) -> None:
         self.transfer = transfer
         self.placements = placements if placements is not None else Placements()
+        self.reservations = Reservations(writer_id, reserve_bytes) if reserve_bytes else None
         self.staging = staging
         self.local = local
         self.writer_id = writer_id
@@ -242,14 +262,19 @@ class ClientState:
     def build(cls, etcd: str | None, layout: Layout, buffer_size: int, host: str, protocol: str,
               device: str, same_host: bool, replicas: int,
               timeout: float | None = None,
-              placement_memory: int = DEFAULT_CAPACITY) -> ClientState:
+              placement_memory: int = DEFAULT_CAPACITY,
+              reserve_bytes: int = DEFAULT_RESERVE) -> ClientState:
         """A client's data side: its Transfer Engine, staging buffer and local maps.
         `timeout` bounds each transfer batch (a peer that stopped answering);
-        `placement_memory` objects' placements are remembered (0: no early reads)."""
+        `placement_memory` objects' placements are remembered (0: no early reads);
+        up to `reserve_bytes` of space is started ahead for puts (0: none; see
+        reservations.py)."""
+        if reserve_bytes < 0:
+            raise InvalidArgument(f"reserve_bytes must be >= 0, got {reserve_bytes}")
         transfer = Transfer(host, protocol, device, timeout=timeout)
         return cls(transfer, Staging(transfer, buffer_size),
                    LocalSegments(etcd, layout, enabled=same_host), uuid.uuid4().hex, replicas,
-                   Placements(placement_memory))
+                   Placements(placement_memory), reserve_bytes)
 
     # -- registered memory ---------------------------------------------------------------
 
@@ -617,6 +642,114 @@ def put_from(st: ClientState, keys: Sequence[bytes],
 
 def _put(st: ClientState, keys: list[bytes], srcs: list[Dest],
          fill: Callable[[int, int], None] | None = None) -> Flow[list[KVStoreError | None]]:
+    """Into space started ahead (one control call, see reservations.py) when the client
+    holds it for every object, else the plain way; then ask for space for the next
+    batch of this shape. A batch large enough to be pipelined goes the plain way: its
+    control calls already overlap its transfers, and moving it all at once is slower
+    over the engine than in pipelined groups (measured: 1 MiB x 32, ~20% less)."""
+    rs = st.reservations
+    sizes = [d.view.nbytes for d in srcs]
+    if rs is None or len(st.pipelined(sizes)) > 1:
+        return (yield from _put_plain(st, keys, srcs, fill))
+    taken = rs.take(sizes, st.replicas)
+    if taken is None and rs.asking():
+        yield Settle()  # the space asked for after the last put: wait for it this once
+        taken = rs.take(sizes, st.replicas)
+    if taken is not None:
+        if st.answering({(loc.segment, loc.node_id) for r in taken for loc in r.locations}):
+            results = yield from _put_reserved(st, keys, srcs, fill, taken)
+        else:
+            for r in taken:
+                rs.give_back(r, st.replicas)
+            taken = None
+    if taken is None:
+        results = yield from _put_plain(st, keys, srcs, fill)
+    yield from _reserve(st, rs, sizes)
+    return results
+
+
+def _reserve(st: ClientState, rs: Reservations, sizes: list[int]) -> Flow[None]:
+    """Revoke placeholders past their age; ask (without waiting) for what the pool lacks
+    to cover a batch of these sizes again."""
+    stale = rs.expired()
+    if stale:
+        yield Later("PutRevoke", pb.KeysRequest(keys=stale, writer=st.writer_id), _ignore)
+    asked = rs.wanted(sizes, st.replicas)
+    if asked:
+        sent, replicas = time.monotonic(), st.replicas
+
+        def granted(reply: Any) -> None:
+            rs.granted(asked, replicas, reply, sent)
+
+        yield Later("PutStart", pb.PutStartRequest(
+            keys=[k for k, _ in asked], sizes=[z for _, z in asked], checksums=[0] * len(asked),
+            replicas=replicas, writer=st.writer_id), granted)
+
+
+def _put_reserved(st: ClientState, keys: list[bytes], srcs: list[Dest],
+                  fill: Callable[[int, int], None] | None,
+                  taken: list[Reserved]) -> Flow[list[KVStoreError | None]]:
+    """Write each value into its placeholder (checksums computed while the bytes move),
+    then PutCommit. What did not land, or what the master no longer holds for us, is put
+    again the plain way."""
+    rs = st.reservations
+    assert rs is not None
+    n = len(keys)
+    if fill is not None:
+        fill(0, n)
+    plan: Plan = defaultdict(list)
+    for d, r in zip(srcs, taken, strict=True):
+        for loc in r.locations:
+            plan[(loc.segment, loc.node_id)].append(Xfer(d.addr, loc.addr, r.size))
+    ticket = yield Start(plan, write=True, at_once=True)
+    sums = [checksum(d.view) for d in srcs]
+    failed: dict[Target, KVStoreError] = yield Finish(ticket)
+    again: list[int] = []
+    commit: list[int] = []
+    for i, r in enumerate(taken):
+        if failed and any((loc.segment, loc.node_id) in failed for loc in r.locations):
+            rs.lost(r)
+            again.append(i)
+        else:
+            commit.append(i)
+    results: list[KVStoreError | None] = [None] * n
+    if commit:
+        reply = yield Rpc("PutCommit", pb.PutCommitRequest(
+            placeholders=[taken[i].key for i in commit], keys=[keys[i] for i in commit],
+            sizes=[taken[i].size for i in commit], checksums=[sums[i] for i in commit],
+            writer=st.writer_id))
+        now = time.monotonic()
+        learn = st.placements.learn
+        for i, code in zip(commit, reply.codes, strict=True):
+            r = taken[i]
+            if code == Code.OK or code == Code.ALREADY_EXISTS:
+                st.stats.puts += 1
+                st.stats.bytes_written += r.size
+                if code == Code.ALREADY_EXISTS:
+                    rs.give_back(r, st.replicas)  # still PENDING and ours
+                    continue
+                st.stats.one_call_puts += 1
+                if reply.epoch == r.epoch:
+                    loc = r.locations[0]
+                    learn(keys[i], r.epoch, r.placement, r.size, sums[i], loc.segment,
+                          loc.node_id, loc.addr, now)
+            else:
+                # The placeholder is gone (reclaimed, its node lost, a new leader) or the
+                # key is refused here: the plain way gives the canonical answer. A
+                # placeholder still there is given up (revoked with the next put).
+                if code != Code.NOT_FOUND:
+                    rs.lost(r)
+                again.append(i)
+    if again:
+        again.sort()
+        redo = yield from _put_plain(st, [keys[i] for i in again], [srcs[i] for i in again])
+        for i, res in zip(again, redo, strict=True):
+            results[i] = res
+    return results
+
+
+def _put_plain(st: ClientState, keys: list[bytes], srcs: list[Dest],
+               fill: Callable[[int, int], None] | None = None) -> Flow[list[KVStoreError | None]]:
     """PutStart, transfer, PutEnd; a large batch in pipelined groups (see `groups`): at most
     two groups are in flight, the next one's PutStart and the previous one's PutEnd run
     while a group moves."""

@@ -107,6 +107,7 @@ class MasterService(pbg.MasterServicer):
             "PutStart": self.put_start,
             "PutEnd": self.put_end,
             "PutRevoke": self.put_revoke,
+            "PutCommit": self.put_commit,
             "Remove": self.remove,
             "Exists": self.exists,
             "Lookup": self.lookup,
@@ -205,7 +206,7 @@ class MasterService(pbg.MasterServicer):
             self._keys(request.keys), list(request.sizes), list(request.checksums),
             replicas=request.replicas or None, writer=request.writer,
         )
-        reply = pb.PutStartResponse()
+        reply = pb.PutStartResponse(put_timeout=self.core.config.put_timeout)
         add = reply.items.add
         for r in results:
             item = add()
@@ -235,6 +236,11 @@ class MasterService(pbg.MasterServicer):
 
     def put_revoke(self, request: pb.KeysRequest) -> pb.CodesResponse:
         return self._codes(self.core.put_revoke(self._keys(request.keys), request.writer))
+
+    def put_commit(self, request: pb.PutCommitRequest) -> pb.CodesResponse:
+        return self._codes(self.core.put_commit(
+            self._keys(request.placeholders), self._keys(request.keys), list(request.sizes),
+            list(request.checksums), request.writer))
 
     def remove(self, request: pb.RemoveRequest) -> pb.CodesResponse:
         return self._codes(self.core.remove(self._keys(request.keys), force=request.force))
@@ -406,6 +412,9 @@ class MasterService(pbg.MasterServicer):
 
     async def PutRevoke(self, request: pb.KeysRequest, context: Any) -> pb.CodesResponse:
         return self.handle("PutRevoke", request, self.caller_of(context.invocation_metadata()))
+
+    async def PutCommit(self, request: pb.PutCommitRequest, context: Any) -> pb.CodesResponse:
+        return self.handle("PutCommit", request, self.caller_of(context.invocation_metadata()))
 
     async def Remove(self, request: pb.RemoveRequest, context: Any) -> pb.CodesResponse:
         return self.handle("Remove", request, self.caller_of(context.invocation_metadata()))

@@ -42,7 +42,7 @@ class Role(StrEnum):
 
 # Which master RPCs each role may call; admin may call all of them.
 CLIENT_RPCS = frozenset({
-    "PutStart", "PutEnd", "PutRevoke", "Remove", "Exists", "Lookup", "GetReplicas",
+    "PutStart", "PutEnd", "PutRevoke", "PutCommit", "Remove", "Exists", "Lookup", "GetReplicas",
     "RenewLease", "ReleaseLease", "Authenticate",
 })
 NODE_RPCS = frozenset({"MountSegment", "UnmountSegment", "Authenticate"})

@@ -54,14 +54,30 @@ class PutStartItem(_message.Message):
     def __init__(self, code: _Optional[_Union[_common_pb2.Code, str]] = ..., message: _Optional[str] = ..., locations: _Optional[_Iterable[_Union[_common_pb2.Location, _Mapping]]] = ..., placement: _Optional[int] = ...) -> None: ...
 
 class PutStartResponse(_message.Message):
-    __slots__ = ("error", "epoch", "items")
+    __slots__ = ("error", "epoch", "items", "put_timeout")
     ERROR_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    PUT_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     error: _common_pb2.Error
     epoch: int
     items: _containers.RepeatedCompositeFieldContainer[PutStartItem]
-    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., items: _Optional[_Iterable[_Union[PutStartItem, _Mapping]]] = ...) -> None: ...
+    put_timeout: float
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., items: _Optional[_Iterable[_Union[PutStartItem, _Mapping]]] = ..., put_timeout: _Optional[float] = ...) -> None: ...
+
+class PutCommitRequest(_message.Message):
+    __slots__ = ("placeholders", "keys", "sizes", "checksums", "writer")
+    PLACEHOLDERS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    WRITER_FIELD_NUMBER: _ClassVar[int]
+    placeholders: _containers.RepeatedScalarFieldContainer[bytes]
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    sizes: _containers.RepeatedScalarFieldContainer[int]
+    checksums: _containers.RepeatedScalarFieldContainer[int]
+    writer: str
+    def __init__(self, placeholders: _Optional[_Iterable[bytes]] = ..., keys: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., writer: _Optional[str] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
     __slots__ = ("keys", "lease_ttl", "holder")

@@ -53,6 +53,11 @@ class MasterStub:
                 request_serializer=kvstore_dot_v1_dot_master__pb2.KeysRequest.SerializeToString,
                 response_deserializer=kvstore_dot_v1_dot_master__pb2.CodesResponse.FromString,
                 _registered_method=True)
+        self.PutCommit = channel.unary_unary(
+                '/kvstore.v1.Master/PutCommit',
+                request_serializer=kvstore_dot_v1_dot_master__pb2.PutCommitRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_master__pb2.CodesResponse.FromString,
+                _registered_method=True)
         self.Lookup = channel.unary_unary(
                 '/kvstore.v1.Master/Lookup',
                 request_serializer=kvstore_dot_v1_dot_master__pb2.LookupRequest.SerializeToString,
@@ -166,6 +171,14 @@ class MasterServicer:
 
     def PutRevoke(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutCommit(self, request, context):
+        """Commits objects written into space the writer started ahead under placeholder
+        keys of its own (PutStart): one control call per put instead of two.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -299,6 +312,11 @@ def add_MasterServicer_to_server(servicer, server):
             'PutRevoke': grpc.unary_unary_rpc_method_handler(
                     servicer.PutRevoke,
                     request_deserializer=kvstore_dot_v1_dot_master__pb2.KeysRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_master__pb2.CodesResponse.SerializeToString,
+            ),
+            'PutCommit': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutCommit,
+                    request_deserializer=kvstore_dot_v1_dot_master__pb2.PutCommitRequest.FromString,
                     response_serializer=kvstore_dot_v1_dot_master__pb2.CodesResponse.SerializeToString,
             ),
             'Lookup': grpc.unary_unary_rpc_method_handler(
@@ -476,6 +494,33 @@ class Master:
             target,
             '/kvstore.v1.Master/PutRevoke',
             kvstore_dot_v1_dot_master__pb2.KeysRequest.SerializeToString,
+            kvstore_dot_v1_dot_master__pb2.CodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutCommit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.Master/PutCommit',
+            kvstore_dot_v1_dot_master__pb2.PutCommitRequest.SerializeToString,
             kvstore_dot_v1_dot_master__pb2.CodesResponse.FromString,
             options,
             channel_credentials,

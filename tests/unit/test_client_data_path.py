@@ -191,9 +191,28 @@ class FakeMaster:
         return pb.CodesResponse(codes=[Code.OK] * len(req.keys), epoch=self.epoch)
 
     def PutRevoke(self, req: pb.KeysRequest) -> pb.CodesResponse:
+        codes = []
         for key in req.keys:
-            self.pending.pop(key)
-        return pb.CodesResponse(codes=[Code.OK] * len(req.keys))
+            codes.append(Code.OK if self.pending.pop(key, None) else Code.NOT_FOUND)
+        return pb.CodesResponse(codes=codes, epoch=self.epoch)
+
+    def PutCommit(self, req: pb.PutCommitRequest) -> pb.CodesResponse:
+        # As the real master: a placeholder this writer started becomes the key.
+        codes = []
+        for p, key, size, ck in zip(req.placeholders, req.keys, req.sizes, req.checksums,
+                                    strict=True):
+            if p not in self.pending:
+                codes.append(Code.NOT_FOUND)
+            elif key in self.objects or key in self.pending:
+                codes.append(Code.ALREADY_EXISTS if key in self.objects else Code.IN_PROGRESS)
+            elif self.pending[p][1] != size:
+                codes.append(Code.INVALID_ARGUMENT)
+            else:
+                addr, _, _ = self.pending.pop(p)
+                self.objects[key] = (addr, size, ck)
+                self.placement[key] = self.placement.pop(p)
+                codes.append(Code.OK)
+        return pb.CodesResponse(codes=codes, epoch=self.epoch)
 
     def GetReplicas(self, req: pb.GetReplicasRequest) -> pb.GetReplicasResponse:
         reply = pb.GetReplicasResponse(ttl_remaining=self.ttl, epoch=self.epoch)

@@ -577,21 +577,89 @@ class MasterCore:
                         code = ok
                 seen[k] = code
             out.append(code)
-        if done:
-            # What one push per object would do: none of these was on the LRU (PENDING
-            # objects never are) and nothing above reads it.
-            self._lru.push_all(done)
-            if self.journal is not None:
-                key_of = t.key_of
-                for s in done:
-                    self._journal_replicas(s, key_of[s], True)  # type: ignore[arg-type]
-            size = t.size
-            space = t.space
-            committed = sum([size[s] for s in done])
-            self._pending_space -= sum([space[s] for s in done])
-            self._pending_size -= committed
-            self._complete_size += committed
+        self._committed(done)
         return out
+
+    def put_commit(self, placeholders: Sequence[bytes], keys: Sequence[bytes],
+                   sizes: Sequence[int], checksums: Sequence[int], writer: str) -> list[Code]:
+        """Rename each PENDING placeholder to its key and commit it with its checksum.
+
+        A writer starts objects ahead under placeholder keys of its own (put_start), writes
+        a value into one, then names the value's key here: a put costs one call instead
+        of two (put_start, put_end). The object keeps the placeholder's ranges, placement
+        and size. Per pair: OK; ALREADY_EXISTS when the key is stored (the placeholder
+        stays PENDING and the writer's, to be written again); IN_PROGRESS when another
+        writer writes the key, or the placeholder is not this writer's (placeholders
+        need a named writer); NOT_FOUND when the placeholder is not PENDING (never
+        started, revoked, reclaimed, lost); INVALID_ARGUMENT for a bad key, a size other
+        than the placeholder's, or a key in another tenant than its placeholder where
+        either has a quota.
+        """
+        n = len(keys)
+        if len(placeholders) != n or len(sizes) != n or len(checksums) != n:
+            raise InvalidArgument(
+                f"put_commit needs one placeholder, size and checksum per key: got {n} keys, "
+                f"{len(placeholders)} placeholders, {len(sizes)} sizes, "
+                f"{len(checksums)} checksums")
+        self._check_batch(n)
+        t = self._objects
+        now = self.clock.now()
+        index, pins, pending, size_of = t.index, t.pins, t.pending, t.size
+        quotas = self._quotas
+        out: list[Code] = []
+        done: list[int] = []
+        for p, key, size, checksum in zip(placeholders, keys, sizes, checksums, strict=True):
+            k, pk = _norm_key(key), _norm_key(p)
+            if k is None or pk is None:
+                out.append(Code.INVALID_ARGUMENT)
+                continue
+            s = index.get(pk)
+            if s is None or pins[s] != PENDING:
+                out.append(Code.NOT_FOUND)
+                continue
+            if not writer or pending[s].writer != writer:
+                out.append(Code.IN_PROGRESS)
+                continue
+            if size_of[s] != size or type(checksum) is not int or not 0 <= checksum < 1 << 64:
+                out.append(Code.INVALID_ARGUMENT)
+                continue
+            other = index.get(k)
+            if other is not None:
+                out.append(Code.IN_PROGRESS if pins[other] == PENDING else Code.ALREADY_EXISTS)
+                continue
+            if quotas and (tenant_prefix(pk) in quotas or tenant_prefix(k) in quotas) \
+                    and tenant_prefix(pk) != tenant_prefix(k):
+                # Bytes would enter a tenant with a quota without its check (put_start's).
+                out.append(Code.INVALID_ARGUMENT)
+                continue
+            t.rename(s, k)
+            t.checksum[s] = checksum
+            del pending[s]
+            pins[s] = 0
+            t.touched[s] = now
+            done.append(s)
+            out.append(Code.OK)
+        self._committed(done)
+        return out
+
+    def _committed(self, done: list[int]) -> None:
+        """Bookkeeping for PENDING slots just made COMPLETE (pins 0, touched set)."""
+        if not done:
+            return
+        t = self._objects
+        # What one push per object would do: none of these was on the LRU (PENDING
+        # objects never are) and nothing above reads it.
+        self._lru.push_all(done)
+        if self.journal is not None:
+            key_of = t.key_of
+            for s in done:
+                self._journal_replicas(s, key_of[s], True)  # type: ignore[arg-type]
+        size = t.size
+        space = t.space
+        committed = sum([size[s] for s in done])
+        self._pending_space -= sum([space[s] for s in done])
+        self._pending_size -= committed
+        self._complete_size += committed
 
     def put_revoke(self, keys: Sequence[bytes], writer: str = "") -> list[Code]:
         """Free PENDING objects: OK; NOT_FOUND when not there; ALREADY_EXISTS when

@@ -264,6 +264,24 @@ class ObjectTable:
                     usage[pref] += z
         return out
 
+    def rename(self, s: int, key: bytes) -> None:
+        """Index the object in slot s under `key` instead (not indexed yet); its bytes
+        move to the new key's tenant in the usage counts."""
+        old = self.key_of[s]
+        assert old is not None and key not in self.index
+        del self.index[old]
+        self.index[key] = s
+        self.key_of[s] = key
+        usage = self.usage
+        if usage is not None:
+            was, now = tenant_prefix(old), tenant_prefix(key)
+            if was != now:
+                size = self.size[s]
+                if was in usage:
+                    usage[was] -= size
+                if now in usage:
+                    usage[now] += size
+
     def free(self, s: int) -> None:
         key = self.key_of[s]
         assert key is not None

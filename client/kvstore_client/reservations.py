@@ -1,0 +1,215 @@
+"""Space a client started ahead, so that a put costs one control call instead of two.
+
+A plain put is PutStart (the master allocates ranges), the transfer, PutEnd. With
+reservations the client has already started objects under *placeholder* keys of its own
+(`~put/<writer>/<n>`, PENDING at the master, invisible to readers): a put writes its
+bytes into placeholders of the right sizes, then one PutCommit renames each placeholder
+to its key and commits it with its checksum. The PutStart that replaces the used
+placeholders is sent right after the commit and its reply read before the next control
+call (or, in the asyncio client, by a task of its own): the master answers it while the
+caller does something else.
+
+Why this is safe:
+- A placeholder is the writer's (a named writer, checked by the master), so nobody else
+  commits or revokes it; the master refuses a commit whose size is not the
+  placeholder's.
+- A placeholder is written only while young: at most `max_age` seconds (and half the
+  master's put timeout) after its PutStart was sent. Older ones are revoked, never
+  written: the master reclaims PENDING objects after its put timeout and may give their
+  ranges to someone else.
+- Whatever the master did meanwhile (reclaimed it, lost its node, a new leader knows
+  nothing of it), the commit answers NOT_FOUND and the bytes are put again the plain
+  way. A stale write into ranges that a new leader gave away could only corrupt
+  bytes there, which readers' checksums turn into misses, as for a plain put whose
+  transfer outlived the leader that started it.
+- A key already stored leaves its placeholder PENDING and this client's: it goes back
+  to the pool and is written again next time.
+
+The pool is bounded by `budget` bytes; a batch larger than half of it goes the plain
+way. It keeps, per (size, replicas), DEPTH times as many placeholders as the last batch
+of that shape used: a put takes placeholders granted before the previous put, so the
+refill asked after the previous put has the whole transfer to arrive, and its reply is
+already waiting when the commit is sent. A steady stream of same-shaped batches (vLLM's
+KV blocks) always finds them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+from itertools import count
+from typing import Any
+
+from kvstore.errors import Code
+
+DEFAULT_BUDGET = 64 << 20  # bytes of placeholders a client holds at most
+# Batches' worth of placeholders kept per shape: a put takes what was granted before the
+# last one, so the refill asked after the last put is still free to arrive meanwhile.
+DEPTH = 2
+MAX_AGE = 5.0  # seconds after its PutStart was sent that a placeholder is still written
+PREFIX = b"~put/"
+
+Shape = tuple[int, int]  # (size, replicas)
+
+
+@dataclass(slots=True)
+class Reserved:
+    """One placeholder: its key, size, where its replicas sit, and until when (this
+    host's time.monotonic()) it may be written."""
+
+    key: bytes
+    size: int
+    epoch: int
+    placement: int
+    locations: list[Any]  # pb.Location, one per replica
+    usable_until: float
+
+
+class Reservations:
+    __slots__ = ("_asked", "_epoch", "_names", "_pool", "_prefix", "budget", "held", "max_age",
+                 "stale")
+
+    def __init__(self, writer: str, budget: int = DEFAULT_BUDGET,
+                 max_age: float = MAX_AGE) -> None:
+        if budget < 0:
+            raise ValueError(f"reservation budget must be >= 0 bytes, got {budget}")
+        self.budget = budget
+        self.max_age = max_age
+        self.held = 0  # bytes in the pool and asked for
+        self._pool: dict[Shape, deque[Reserved]] = {}
+        self._asked: Counter[Shape] = Counter()  # placeholders asked for, not answered yet
+        self._prefix = PREFIX + writer.encode() + b"/"
+        self._names = count(1)
+        self._epoch = 0  # of the placeholders in the pool
+        self.stale: list[bytes] = []  # placeholders never to be written again: to revoke
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self._pool.values())
+
+    def take(self, sizes: list[int], replicas: int) -> list[Reserved] | None:
+        """One young placeholder per size, or None (and nothing taken) if the pool lacks
+        any: a batch goes one way or the other as a whole."""
+        if not self.budget:
+            return None
+        now = time.monotonic()
+        need = Counter(sizes)
+        for size, n in need.items():
+            q = self._pool.get((size, replicas))
+            if q is None:
+                return None
+            while q and q[0].usable_until <= now:
+                self._discard(q.popleft())
+            if len(q) < n:
+                return None
+        out: list[Reserved] = []
+        for size in sizes:
+            r = self._pool[(size, replicas)].popleft()
+            self.held -= r.size * len(r.locations)
+            out.append(r)
+        return out
+
+    def give_back(self, r: Reserved, replicas: int) -> None:
+        """A placeholder still PENDING and this client's (its key was already stored)."""
+        if r.usable_until <= time.monotonic():
+            self.stale.append(r.key)
+            return
+        self._pool.setdefault((r.size, replicas), deque()).append(r)
+        self.held += r.size * len(r.locations)
+
+    def lost(self, r: Reserved) -> None:
+        """A placeholder whose transfer failed: never written again, revoked."""
+        self.stale.append(r.key)
+
+    def asking(self) -> bool:
+        """Whether placeholders were asked for and not answered yet."""
+        return any(self._asked.values())
+
+    def wanted(self, sizes: list[int], replicas: int) -> list[tuple[bytes, int]] | None:
+        """(placeholder, size) to ask for so that the pool covers DEPTH batches of these
+        sizes; None when it already does or that is over the budget. What is returned
+        counts as held from now on (see `granted`)."""
+        copies = max(replicas, 1)  # 0: the master's default, 1 at least
+        if not self.budget or not sizes or DEPTH * sum(sizes) * copies > self.budget:
+            return None
+        out: list[tuple[bytes, int]] = []
+        for size, n in Counter(sizes).items():
+            shape = (size, replicas)
+            missing = DEPTH * n - len(self._pool.get(shape, ())) - self._asked[shape]
+            if missing <= 0:
+                continue
+            need = missing * size * copies
+            if self.held + need > self.budget:
+                self._shrink(need)
+                if self.held + need > self.budget:
+                    continue
+            self._asked[shape] += missing
+            self.held += need
+            out += [(self._prefix + str(next(self._names)).encode(), size)
+                    for _ in range(missing)]
+        return out or None
+
+    def granted(self, asked: list[tuple[bytes, int]], replicas: int, reply: Any,
+                sent_at: float) -> None:
+        """The master's answer to the PutStart of `asked` (None: it never came): OK items
+        join the pool; the rest were not started (or may have been: revoked)."""
+        copies = max(replicas, 1)
+        for _key, size in asked:
+            self._asked[(size, replicas)] -= 1
+            self.held -= size * copies
+        if reply is None or len(reply.items) != len(asked):
+            # Unknown whether the master started them: revoking is harmless either way.
+            self.stale += [key for key, _ in asked]
+            return
+        if reply.epoch != self._epoch:
+            self._forget_older(reply.epoch)
+        timeout = reply.put_timeout or 0.0
+        until = sent_at + min(self.max_age, timeout / 2 if timeout else self.max_age)
+        for (key, size), item in zip(asked, reply.items, strict=True):
+            locs = item.locations
+            if item.code == Code.OK and locs and (not replicas or len(locs) == replicas):
+                r = Reserved(key, size, reply.epoch, item.placement, list(locs), until)
+                self._pool.setdefault((size, replicas), deque()).append(r)
+                self.held += size * len(locs)
+            elif item.code == Code.OK:
+                self.stale.append(key)  # fewer replicas than asked: not used, freed
+
+    def expired(self) -> list[bytes]:
+        """Move every placeholder past its age to `stale` and return (and clear) it."""
+        now = time.monotonic()
+        for q in self._pool.values():
+            while q and q[0].usable_until <= now:
+                self._discard(q.popleft())
+        out, self.stale = self.stale, []
+        return out
+
+    def drain(self) -> list[bytes]:
+        """Every placeholder held (the client closes): to revoke."""
+        for q in self._pool.values():
+            while q:
+                self._discard(q.popleft())
+        out, self.stale = self.stale, []
+        return out
+
+    def _forget_older(self, epoch: int) -> None:
+        """A new leader knows none of an older one's placeholders: drop them (nothing to
+        revoke; writing them could hit ranges the new leader gave away)."""
+        self._epoch = epoch
+        for q in self._pool.values():
+            for r in [r for r in q if r.epoch != epoch]:
+                q.remove(r)
+                self.held -= r.size * len(r.locations)
+
+    def _discard(self, r: Reserved) -> None:
+        self.held -= r.size * len(r.locations)
+        self.stale.append(r.key)
+
+    def _shrink(self, need: int) -> None:
+        """Make room for `need` bytes: revoke placeholders of other shapes, largest
+        first (the batch that asks now is the one the caller makes)."""
+        for shape in sorted(self._pool, key=lambda s: -s[0] * s[1]):
+            q = self._pool[shape]
+            while q and self.held + need > self.budget:
+                self._discard(q.pop())
+            if self.held + need <= self.budget:
+                return

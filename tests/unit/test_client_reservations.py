@@ -1,0 +1,309 @@
+"""Puts into space started ahead (reservations.py): one control call per put.
+
+The client's flows and both drivers run for real against the in-memory master, engine
+and node of test_client_data_path; a Later step's reply is handed over just before the
+client's next control call, as the real synchronous driver does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from kvstore.errors import Code, Unavailable
+from kvstore.v1 import master_pb2 as pb
+from kvstore_client import AsyncKVStoreClient, flows, reservations
+from kvstore_client.reservations import DEPTH, Reservations
+from tests.unit.test_client_data_path import KiB, Rig, _buffers, _slices
+
+SIZE = 4 * KiB
+
+
+class ReservingRig(Rig):
+    def __init__(self, budget: int = 256 * KiB) -> None:
+        super().__init__()
+        self.state.reservations = Reservations(self.state.writer_id, budget)
+        self.waiting: list[tuple[Any, Any]] = []  # (reply, then) of Later calls not read
+        self.client._send_later = self.later  # type: ignore[method-assign]
+        self.client._later = None
+        self.client._settle_later = self.settle  # type: ignore[method-assign]
+        call = self.master.call
+
+        def settled_call(method: str, request: Any) -> Any:
+            self.settle()
+            return call(method, request)
+
+        self.client._call = settled_call  # type: ignore[method-assign]
+
+    def later(self, method: str, request: Any, then: Any) -> None:
+        # The master answers when the request arrives; the client reads it later.
+        self.trace.append(("later", method))
+        try:
+            reply = self.master.call(method, request)
+        except Unavailable:
+            reply = None
+        self.waiting.append((reply, then))
+        self.client._later = (None, None)  # type: ignore[assignment]  # the driver's "unread"
+
+    def settle(self) -> None:
+        self.client._later = None
+        while self.waiting:
+            reply, then = self.waiting.pop(0)
+            then(reply)
+
+    def placeholders(self) -> list[bytes]:
+        return [k for k in self.master.pending if k.startswith(reservations.PREFIX)]
+
+
+@pytest.fixture
+def rig(monkeypatch: pytest.MonkeyPatch) -> Iterator[ReservingRig]:
+    monkeypatch.setattr(flows, "SYNC_MAX", 2 * KiB)
+    monkeypatch.setattr(flows, "PIECE", 4 * KiB)
+    monkeypatch.setattr(flows, "PIPELINE_MIN", 16 * KiB)
+    monkeypatch.setattr(flows, "POLL_MIN", 1e-5)
+    monkeypatch.setattr(flows, "POLL_MAX", 1e-4)
+    yield ReservingRig()
+
+
+def _batch(tag: str, n: int = 4, size: int = SIZE, seed: int = 0) -> tuple[list[bytes], list[bytes]]:
+    rng = random.Random(f"{tag}{seed}")
+    return [f"{tag}-{i}".encode() for i in range(n)], [rng.randbytes(size) for _ in range(n)]
+
+
+def _stored(rig: Rig, key: bytes) -> bytes:
+    addr, size, _ = rig.master.objects[key]
+    off = addr - rig.node.base
+    return rig.node.mem[off:off + size].tobytes()
+
+
+def test_the_second_batch_of_a_shape_costs_one_control_call(rig: ReservingRig) -> None:
+    keys, values = _batch("a")
+    assert rig.client.put_many(keys, values) == [None] * 4
+    # The plain way, then space for the next batch of this shape, asked without waiting.
+    assert rig.rpcs() == ["PutStart", "PutEnd", "PutStart"]
+    # Two batches' worth: a put takes what was granted before the last one.
+    assert ("later", "PutStart") in rig.trace and len(rig.placeholders()) == 4 * DEPTH
+    rig.trace.clear()
+    keys2, values2 = _batch("b")
+    assert rig.client.put_many(keys2, values2) == [None] * 4
+    assert rig.rpcs() == ["PutCommit", "PutStart"]  # the commit; the refill (later)
+    assert [e[1] for e in rig.trace if e[0] == "later"] == ["PutStart"]
+    assert rig.client.stats.one_call_puts == 4 and rig.client.stats.puts == 8
+    for k, v in zip(keys + keys2, values + values2, strict=True):
+        assert _stored(rig, k) == v
+    assert rig.client.get_many(keys2) == values2
+    # The commit carried each value's own checksum: a get verifies against it.
+    assert all(rig.master.objects[k][2] for k in keys2)
+    # Placements were learned from the placeholders: the get above read early.
+    assert rig.client.stats.early_reads == 4
+
+
+def test_zero_copy_puts_use_placeholders_too(rig: ReservingRig) -> None:
+    keys, values = _batch("z", n=3)
+    src, _ = _buffers(rig, values, SIZE)
+    assert rig.client.put_from(keys, _slices(src, 3, SIZE)) == [None] * 3
+    keys2, values2 = _batch("y", n=3)
+    src2, _ = _buffers(rig, values2, SIZE)
+    rig.trace.clear()
+    assert rig.client.put_from(keys2, _slices(src2, 3, SIZE)) == [None] * 3
+    assert rig.rpcs()[0] == "PutCommit"
+    assert [_stored(rig, k) for k in keys2] == values2
+
+
+def test_a_placeholder_the_master_no_longer_holds_is_put_again_the_plain_way(
+        rig: ReservingRig) -> None:
+    rig.client.put_many(*_batch("a"))
+    rig.settle()
+    gone = rig.placeholders()[:2]
+    for p in gone:  # reclaimed at the master (put timeout), or its node lost
+        rig.master.pending.pop(p)
+    keys, values = _batch("b")
+    rig.trace.clear()
+    assert rig.client.put_many(keys, values) == [None] * 4
+    calls = [e for e in rig.trace if e[0] == "rpc"]
+    assert calls[0][1] == "PutCommit"
+    redo = [e[2] for e in calls if e[1] == "PutStart" and not e[2][0].startswith(b"~")]
+    assert len(redo) == 1 and len(redo[0]) == 2  # just the two, the plain way
+    assert [_stored(rig, k) for k in keys] == values
+    assert rig.client.stats.one_call_puts == 2
+
+
+def test_an_existing_key_leaves_its_placeholder_for_the_next_put(rig: ReservingRig) -> None:
+    keys, values = _batch("a")
+    rig.client.put_many(keys, values)
+    rig.settle()
+    held = set(rig.placeholders())
+    rig.trace.clear()
+    # Two keys are already stored: their placeholders stay PENDING and this client's.
+    again = keys[:2] + _batch("b", n=2)[0]
+    vals = values[:2] + _batch("b", n=2)[1]
+    assert rig.client.put_many(again, vals) == [None] * 4
+    assert rig.rpcs()[0] == "PutCommit"
+    rig.settle()
+    # The first two taken (for the stored keys) are still there; two were committed.
+    now = set(rig.placeholders())
+    assert len(held - now) == 2 and {p for p in held if p.endswith((b"/1", b"/2"))} <= now
+    assert [_stored(rig, k) for k in again] == vals
+    # Only what was used is asked for again: the pool holds DEPTH batches' worth.
+    assert len(rig.placeholders()) == 4 * DEPTH
+    assert len(rig.state.reservations) == 4 * DEPTH  # type: ignore[arg-type]
+
+
+def test_a_failed_transfer_gives_its_placeholder_up_and_reports_the_failure(
+        rig: ReservingRig) -> None:
+    rig.client.put_many(*_batch("a"))
+    rig.settle()
+    rs = rig.state.reservations
+    assert rs is not None
+    first = rs._pool[(SIZE, 0)][0]
+    taken = {r.key for r in list(rs._pool[(SIZE, 0)])[:4]}  # what the next put takes
+    rig.transfer.fail_remote.add(first.locations[0].addr)
+    keys, values = _batch("b")
+    rig.trace.clear()
+    out = rig.client.put_many(keys, values)
+    # The node failed the batch (a failure is per node): every value was put again the
+    # plain way, into fresh space, and nothing was committed from the placeholders.
+    assert out == [None] * 4 and "PutCommit" not in rig.rpcs()
+    assert [_stored(rig, k) for k in keys] == values
+    rig.transfer.fail_remote.clear()
+    rig.client.put_many(*_batch("c"))  # the lost placeholder is revoked with the next put
+    revoked = {k for e in rig.trace if e[:2] == ("rpc", "PutRevoke") for k in e[2]}
+    assert revoked == taken
+
+
+def test_old_placeholders_are_revoked_never_written(rig: ReservingRig,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    rig.client.put_many(*_batch("a"))
+    rig.settle()
+    rs = rig.state.reservations
+    assert rs is not None
+    old = set(rig.placeholders())
+    for q in rs._pool.values():
+        for r in q:
+            r.usable_until = time.monotonic() - 1  # past their age
+    keys, values = _batch("b")
+    rig.trace.clear()
+    assert rig.client.put_many(keys, values) == [None] * 4
+    assert rig.rpcs()[:2] == ["PutStart", "PutEnd"]  # the plain way
+    revoked = {k for e in rig.trace if e[:2] == ("rpc", "PutRevoke") for k in e[2]}
+    assert revoked == old
+    rig.settle()
+    assert not old & set(rig.placeholders())
+    assert [_stored(rig, k) for k in keys] == values
+
+
+def test_the_age_follows_the_masters_put_timeout(rig: ReservingRig) -> None:
+    rs = Reservations("w", 1 << 20, max_age=5.0)
+    asked = rs.wanted([SIZE], 1)
+    assert asked is not None and len(asked) == DEPTH
+    reply = pb.PutStartResponse(epoch=1, put_timeout=2.0)
+    for _ in asked:
+        reply.items.add().locations.add(node_id="n", segment="s", addr=64, size=SIZE)
+    sent = time.monotonic()
+    rs.granted(asked, 1, reply, sent)
+    assert [r.usable_until for r in rs._pool[(SIZE, 1)]] == [pytest.approx(sent + 1.0)] * DEPTH
+    # (half the put timeout, under 5 s)
+
+
+def test_a_batch_over_the_budget_goes_the_plain_way_and_reserves_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(flows, "PIPELINE_MIN", 1 << 30)
+    rig = ReservingRig(budget=8 * KiB)
+    rig.client.put_many(*_batch("a", n=4))
+    rig.client.put_many(*_batch("b", n=4))
+    assert "PutCommit" not in rig.rpcs() and not rig.placeholders()
+    assert not [e for e in rig.trace if e[0] == "later"]
+
+
+def test_the_pool_stays_within_its_budget_across_shapes() -> None:
+    rs = Reservations("w", budget=DEPTH * 10 * KiB)
+    assert rs.wanted([6 * KiB, 6 * KiB], 1) is None  # DEPTH such batches exceed it
+    a = rs.wanted([4 * KiB, 4 * KiB], 1)
+    assert a is not None and rs.held == DEPTH * 8 * KiB
+    assert rs.wanted([4 * KiB, 4 * KiB], 1) is None  # already asked for
+    # Another shape that does not fit beside it: nothing in the pool to give up yet.
+    assert rs.wanted([3 * KiB], 1) is None and rs.held == DEPTH * 8 * KiB
+    rs.granted(a, 1, None, time.monotonic())  # the answer never came: revoke them all
+    assert rs.held == 0 and sorted(rs.expired()) == sorted(k for k, _ in a)
+    assert rs.wanted([3 * KiB], 1) is not None and rs.held == DEPTH * 3 * KiB
+
+
+def test_placeholders_of_an_older_leader_are_dropped() -> None:
+    rs = Reservations("w", budget=1 << 20)
+
+    def grant(sizes: list[int], epoch: int) -> None:
+        asked = rs.wanted(sizes, 1)
+        assert asked is not None and len(asked) == DEPTH
+        reply = pb.PutStartResponse(epoch=epoch, put_timeout=30.0)
+        for _ in asked:
+            reply.items.add(placement=7).locations.add(node_id="n", segment="s", addr=64,
+                                                       size=SIZE)
+        rs.granted(asked, 1, reply, time.monotonic())
+
+    grant([SIZE], 1)
+    assert len(rs) == DEPTH and rs.held == DEPTH * SIZE
+    grant([SIZE, SIZE], 2)  # DEPTH more asked for; a new leader answered
+    assert [r.epoch for q in rs._pool.values() for r in q] == [2] * DEPTH
+    assert rs.held == DEPTH * SIZE
+    assert rs.take([SIZE] * (DEPTH + 1), 1) is None and rs.take([SIZE] * DEPTH, 1) is not None
+
+
+def test_a_commit_from_a_new_leader_is_not_learned_as_a_placement(rig: ReservingRig) -> None:
+    rig.client.put_many(*_batch("a"))
+    rig.settle()
+    rig.master.epoch = 2  # the placeholders' placements were named by epoch 1
+    keys, values = _batch("b")
+    assert rig.client.put_many(keys, values) == [None] * 4
+    assert all(rig.state.placements.recall([k]) is None for k in keys)
+
+
+def test_the_async_client_commits_in_one_call_too(rig: ReservingRig) -> None:
+    client = AsyncKVStoreClient.__new__(AsyncKVStoreClient)
+    client._state = rig.state
+    client._background = set()
+    methods: list[str] = []
+
+    async def call(method: str, request: Any) -> Any:
+        methods.append(method)
+        await asyncio.sleep(0)
+        return rig.master.call(method, request)
+
+    client._call = call  # type: ignore[method-assign]
+    client._release_later = rig.master.release  # type: ignore[method-assign]
+    keys, values = _batch("a")
+    keys2, values2 = _batch("b")
+
+    async def main() -> None:
+        client._staging_turn = asyncio.Lock()
+        assert await client.put_many(keys, values) == [None] * 4
+        await asyncio.gather(*client._background)  # the refill, a task of its own
+        assert await client.put_many(keys2, values2) == [None] * 4
+
+    asyncio.run(main())
+    assert methods[:4] == ["PutStart", "PutEnd", "PutStart", "PutCommit"]
+    assert [_stored(rig, k) for k in keys + keys2] == values + values2
+    assert rig.state.stats.one_call_puts == 4
+
+
+def test_an_unknown_commit_code_never_loses_a_value(rig: ReservingRig) -> None:
+    rig.client.put_many(*_batch("a"))
+    rig.settle()
+    held = set(rig.placeholders())
+
+    def refusing(req: pb.PutCommitRequest) -> pb.CodesResponse:
+        # e.g. a quota's tenant check: the plain way gives the canonical answer
+        return pb.CodesResponse(codes=[Code.INVALID_ARGUMENT] * len(req.keys), epoch=1)
+
+    rig.master.PutCommit = refusing  # type: ignore[method-assign]
+    keys, values = _batch("b")
+    assert rig.client.put_many(keys, values) == [None] * 4
+    assert [_stored(rig, k) for k in keys] == values
+    # The refused placeholders are given up: revoked with the next put.
+    rig.client.put_many(*_batch("c"))
+    revoked = {k for e in rig.trace if e[:2] == ("rpc", "PutRevoke") for k in e[2]}
+    assert held <= revoked
