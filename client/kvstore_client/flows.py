@@ -683,7 +683,7 @@ def _reserve(st: ClientState, rs: Reservations, sizes: list[int]) -> Flow[None]:
 
         yield Later("PutStart", pb.PutStartRequest(
             keys=[k for k, _ in asked], sizes=[z for _, z in asked], checksums=[0] * len(asked),
-            replicas=replicas, writer=st.writer_id), granted)
+            replicas=replicas, writer=st.writer_id, ahead=True), granted)
 
 
 def _put_reserved(st: ClientState, keys: list[bytes], srcs: list[Dest],

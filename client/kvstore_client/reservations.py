@@ -43,7 +43,7 @@ from typing import Any
 
 from kvstore.errors import Code
 
-DEFAULT_BUDGET = 64 << 20  # bytes of placeholders a client holds at most
+DEFAULT_BUDGET = 32 << 20  # bytes of placeholders a client holds at most
 # Batches' worth of placeholders kept per shape: a put takes what was granted before the
 # last one, so the refill asked after the last put is still free to arrive meanwhile.
 DEPTH = 2
@@ -67,8 +67,8 @@ class Reserved:
 
 
 class Reservations:
-    __slots__ = ("_asked", "_epoch", "_names", "_pool", "_prefix", "budget", "held", "max_age",
-                 "stale")
+    __slots__ = ("_asked", "_epoch", "_last", "_names", "_pool", "_prefix", "budget", "held",
+                 "max_age", "stale")
 
     def __init__(self, writer: str, budget: int = DEFAULT_BUDGET,
                  max_age: float = MAX_AGE) -> None:
@@ -82,6 +82,7 @@ class Reservations:
         self._prefix = PREFIX + writer.encode() + b"/"
         self._names = count(1)
         self._epoch = 0  # of the placeholders in the pool
+        self._last: tuple[int, set[int]] = (0, set())  # the previous put: replicas, sizes
         self.stale: list[bytes] = []  # placeholders never to be written again: to revoke
 
     def __len__(self) -> int:
@@ -127,13 +128,19 @@ class Reservations:
 
     def wanted(self, sizes: list[int], replicas: int) -> list[tuple[bytes, int]] | None:
         """(placeholder, size) to ask for so that the pool covers DEPTH batches of these
-        sizes; None when it already does or that is over the budget. What is returned
-        counts as held from now on (see `granted`)."""
+        sizes; None when it already does or that is over the budget. Only sizes the
+        previous put had too are asked for: a stream of same-sized values (KV blocks)
+        gets placeholders from its second put on, values of varied sizes never hold
+        any. What is returned counts as held from now on (see `granted`)."""
         copies = max(replicas, 1)  # 0: the master's default, 1 at least
+        counts = Counter(sizes)
+        last, self._last = self._last, (replicas, set(counts))
         if not self.budget or not sizes or DEPTH * sum(sizes) * copies > self.budget:
             return None
         out: list[tuple[bytes, int]] = []
-        for size, n in Counter(sizes).items():
+        for size, n in counts.items():
+            if last[0] != replicas or size not in last[1]:
+                continue  # not in the previous put: sizes that do not repeat get none
             shape = (size, replicas)
             missing = DEPTH * n - len(self._pool.get(shape, ())) - self._asked[shape]
             if missing <= 0:

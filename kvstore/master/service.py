@@ -204,7 +204,7 @@ class MasterService(pbg.MasterServicer):
     def put_start(self, request: pb.PutStartRequest) -> pb.PutStartResponse:
         results = self.core.put_start(
             self._keys(request.keys), list(request.sizes), list(request.checksums),
-            replicas=request.replicas or None, writer=request.writer,
+            replicas=request.replicas or None, writer=request.writer, ahead=request.ahead,
         )
         reply = pb.PutStartResponse(put_timeout=self.core.config.put_timeout)
         add = reply.items.add

@@ -28,18 +28,20 @@ class CodesResponse(_message.Message):
     def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., codes: _Optional[_Iterable[_Union[_common_pb2.Code, str]]] = ..., messages: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PutStartRequest(_message.Message):
-    __slots__ = ("keys", "sizes", "checksums", "replicas", "writer")
+    __slots__ = ("keys", "sizes", "checksums", "replicas", "writer", "ahead")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
     CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     WRITER_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     sizes: _containers.RepeatedScalarFieldContainer[int]
     checksums: _containers.RepeatedScalarFieldContainer[int]
     replicas: int
     writer: str
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., replicas: _Optional[int] = ..., writer: _Optional[str] = ...) -> None: ...
+    ahead: bool
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., replicas: _Optional[int] = ..., writer: _Optional[str] = ..., ahead: _Optional[bool] = ...) -> None: ...
 
 class PutStartItem(_message.Message):
     __slots__ = ("code", "message", "locations", "placement")

@@ -117,6 +117,9 @@ class FaultRow:
             out.append(f"the cluster did not serve again within {RECOVERY_LIMIT:.0f} s")
         if self.operations == 0 or self.reads_ok == 0:
             out.append("no traffic ran")
+        elif self.workers and not sum(w.get("one_call_puts", 0) for w in self.workers):
+            out.append("no put went into space started ahead (the same-sized workers' "
+                       "one-call path never ran)")
         return out
 
 

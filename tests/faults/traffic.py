@@ -5,7 +5,9 @@ of one written key and get_many of several (plus one key never written). A value
 are derived from its key (`value_for`), so every read is checked against what was
 written, whichever worker wrote it. Three workers are threads of the test process, with
 different client settings (same-host memcpy path or Transfer Engine, fast channel or
-gRPC, 1 or 2 replicas); one is a separate process.
+gRPC, 1 or 2 replicas); one is a separate process. Two of them (the 2-replica thread
+and the process) write same-sized values, so their clients put most batches into space
+started ahead (one control call per put); the others' varied sizes never do.
 
 Per worker the harness records: calls made, reads that returned the right bytes, misses
 (a written key read back as absent), typed errors by class, WRONG BYTES (a read that
@@ -29,13 +31,19 @@ from typing import Any
 
 MIN_SIZE = 256
 MAX_SIZE = 8192
+FIXED_SIZE = 4096  # keys with FIXED in them: same-sized values, as KV blocks are
+FIXED = b"-fx-"
 BATCH = 8
 
 
 def value_for(key: bytes) -> bytes:
-    """The bytes stored under `key`: 256 B to 8 KiB, a function of the key alone."""
-    digest = hashlib.blake2b(key, digest_size=8).digest()
-    size = MIN_SIZE + int.from_bytes(digest, "little") % (MAX_SIZE - MIN_SIZE)
+    """The bytes stored under `key`: 256 B to 8 KiB (FIXED_SIZE for a key with FIXED in
+    it), a function of the key alone."""
+    if FIXED in key:
+        size = FIXED_SIZE
+    else:
+        digest = hashlib.blake2b(key, digest_size=8).digest()
+        size = MIN_SIZE + int.from_bytes(digest, "little") % (MAX_SIZE - MIN_SIZE)
     return hashlib.shake_128(key).digest(size)
 
 
@@ -60,6 +68,9 @@ class WorkerConfig:
     transport: str = "fast"
     replicas: int = 0  # 0: the master's default (1)
     seed: int = 0
+    # Same-sized values: the client puts them into space it started ahead (one control
+    # call per put, see kvstore_client/reservations.py) from its third batch on.
+    fixed: bool = False
 
 
 @dataclass
@@ -75,6 +86,7 @@ class WorkerStats:
     max_call_s: float = 0.0
     max_call_op: str = ""
     started: bool = False  # the client was constructed
+    one_call_puts: int = 0  # objects put into space started ahead (client stats)
     wrong: list[str] = field(default_factory=list)  # the first wrong reads, described
 
     def error(self, exc: BaseException) -> None:
@@ -138,7 +150,8 @@ class Worker:
         with client:
             while not stop.is_set():
                 n += 1
-                keys = [f"{cfg.name}-{n}-{i}".encode() for i in range(BATCH)]
+                tag = f"{cfg.name}{FIXED.decode() if cfg.fixed else '-'}{n}"
+                keys = [f"{tag}-{i}".encode() for i in range(BATCH)]
                 try:
                     errs = self._timed("put_many", client.put_many, keys,
                                        [value_for(k) for k in keys])
@@ -165,6 +178,7 @@ class Worker:
                     self.stats.untyped.append(f"{type(exc).__name__}: {exc}\n"
                                               + traceback.format_exc(limit=4))
                     time.sleep(0.05)
+                self.stats.one_call_puts = client.stats.one_call_puts
 
 
 def _process_main(cfg: WorkerConfig, stop: Any, out: Any) -> None:
@@ -183,7 +197,8 @@ class Traffic:
         # the Transfer Engine over gRPC control. all_remote: no same-host path at all.
         configs = [
             WorkerConfig(f"{tag}-t0", etcd, timeout, same_host=not all_remote, seed=1),
-            WorkerConfig(f"{tag}-t1", etcd, timeout, same_host=False, replicas=2, seed=2),
+            WorkerConfig(f"{tag}-t1", etcd, timeout, same_host=False, replicas=2, seed=2,
+                         fixed=True),
             WorkerConfig(f"{tag}-t2", etcd, timeout, same_host=False, transport="grpc", seed=3),
         ]
         self.workers = [Worker(c, read_pool) for c in configs]
@@ -191,7 +206,8 @@ class Traffic:
         self._threads = [threading.Thread(target=w.run, args=(self._stop,), daemon=True,
                                           name=w.cfg.name) for w in self.workers]
         self._proc: Any = None
-        self._proc_cfg = WorkerConfig(f"{tag}-p0", etcd, timeout, same_host=not all_remote, seed=4)
+        self._proc_cfg = WorkerConfig(f"{tag}-p0", etcd, timeout, same_host=not all_remote, seed=4,
+                                      fixed=True)
         if process_worker:
             ctx = mp.get_context("spawn")
             self._pstop = ctx.Event()

@@ -12,7 +12,7 @@ import pytest
 from kvstore.errors import Code
 from kvstore.v1 import master_pb2 as pb
 from kvstore_client import AsyncKVStoreClient, KVStoreClient
-from kvstore_client.reservations import PREFIX
+from kvstore_client.reservations import DEPTH, PREFIX
 from tests.conftest import Cluster
 
 SIZE = 100_000
@@ -39,20 +39,21 @@ def test_one_control_call_per_put_and_nothing_left_behind(cluster: Cluster, same
                        replicas=2) as a:
         for keys, values in batches:
             assert a.put_many(keys, values) == [None] * N
-        # The first batch went the plain way; the three after it into placeholders.
-        assert a.stats.one_call_puts == 3 * N and a.stats.puts == 4 * N
-        # One batch's worth of placeholders is held (PENDING, invisible to readers).
-        assert _placeholders(cluster) == N
+        # The first two batches went the plain way (placeholders are asked for sizes the
+        # previous put had too); the two after them into placeholders.
+        assert a.stats.one_call_puts == 2 * N and a.stats.puts == 4 * N
+        # DEPTH batches' worth of placeholders is held (PENDING, invisible to readers).
+        assert _placeholders(cluster) == DEPTH * N
         with KVStoreClient(etcd=cluster.etcd, same_host=False, placement_memory=0) as b:
             for keys, values in batches:
                 assert b.get_many(keys) == values
             # A placeholder is nobody's key: not readable, not listed as stored.
             assert b.exists([PREFIX + a.writer_id.encode() + b"/1"]) == [False]
         # Single puts too (a shape of its own).
-        a.put(b"single-0", b"x" * 5000)
-        a.put(b"single-1", b"y" * 5000)
-        assert a.stats.one_call_puts == 3 * N + 1
-        assert a.get(b"single-1") == b"y" * 5000
+        for i in range(3):
+            a.put(f"single-{i}".encode(), bytes([i]) * 5000)
+        assert a.stats.one_call_puts == 2 * N + 1
+        assert a.get(b"single-2") == bytes([2]) * 5000
     # Closing revoked them all.
     assert _placeholders(cluster) == 0
 
@@ -60,14 +61,16 @@ def test_one_control_call_per_put_and_nothing_left_behind(cluster: Cluster, same
 def test_placeholders_the_master_dropped_are_put_again(cluster: Cluster) -> None:
     rng = random.Random(12)
     with KVStoreClient(etcd=cluster.etcd, same_host=False) as a:
-        keys, values = _batch(rng, "dr0")
-        assert a.put_many(keys, values) == [None] * N
+        for tag in ("dr0", "dr0b"):
+            keys, values = _batch(rng, tag)
+            assert a.put_many(keys, values) == [None] * N
         # Settle the refill, then take every placeholder away behind the client's back
         # (as the master does after its put timeout or when their node is lost).
         assert a.exists(keys) == [True] * N
-        held = [PREFIX + a.writer_id.encode() + f"/{i}".encode() for i in range(1, N + 1)]
+        held = [PREFIX + a.writer_id.encode() + f"/{i}".encode()
+                for i in range(1, DEPTH * N + 1)]
         reply = a._call("PutRevoke", pb.KeysRequest(keys=held, writer=a.writer_id))
-        assert list(reply.codes) == [0] * N
+        assert list(reply.codes) == [0] * DEPTH * N
         keys2, values2 = _batch(rng, "dr1")
         assert a.put_many(keys2, values2) == [None] * N
         assert a.stats.one_call_puts == 0  # every commit found its placeholder gone
@@ -82,6 +85,7 @@ def test_another_writer_cannot_commit_my_placeholders(cluster: Cluster) -> None:
     with KVStoreClient(etcd=cluster.etcd, same_host=False, replicas=2) as a, \
             KVStoreClient(etcd=cluster.etcd, same_host=False) as b:
         a.put_many([b"mine-0"], [b"v" * 1000])
+        a.put_many([b"mine-0b"], [b"v" * 1000])
         a.exists([b"mine-0"])  # the refill's reply is read
         held = PREFIX + a.writer_id.encode() + b"/1"
         reply = b._call("PutCommit", pb.PutCommitRequest(
@@ -107,5 +111,5 @@ def test_async_puts_commit_in_one_call(cluster: Cluster) -> None:
                 assert await a.get_many(keys) == values
             return a.stats.one_call_puts
 
-    assert asyncio.run(main()) == 2 * N
+    assert asyncio.run(main()) == N  # the first two batches went the plain way
     assert _placeholders(cluster) == 0

@@ -75,6 +75,18 @@ def _batch(tag: str, n: int = 4, size: int = SIZE, seed: int = 0) -> tuple[list[
     return [f"{tag}-{i}".encode() for i in range(n)], [rng.randbytes(size) for _ in range(n)]
 
 
+def _warm(rig: ReservingRig) -> None:
+    """Two plain puts of one shape: placeholders are asked for after the second (sizes
+    the previous put had too)."""
+    assert rig.client.put_many(*_batch("a")) == [None] * 4
+    assert rig.client.put_many(*_batch("a2")) == [None] * 4
+
+
+def _ask(rs: Reservations, sizes: list[int], replicas: int = 1) -> list[tuple[bytes, int]] | None:
+    rs._last = (replicas, set(sizes))  # as if the previous put had these sizes
+    return rs.wanted(sizes, replicas)
+
+
 def _stored(rig: Rig, key: bytes) -> bytes:
     addr, size, _ = rig.master.objects[key]
     off = addr - rig.node.base
@@ -84,8 +96,11 @@ def _stored(rig: Rig, key: bytes) -> bytes:
 def test_the_second_batch_of_a_shape_costs_one_control_call(rig: ReservingRig) -> None:
     keys, values = _batch("a")
     assert rig.client.put_many(keys, values) == [None] * 4
+    assert rig.rpcs() == ["PutStart", "PutEnd"]  # a size seen once gets no placeholders
+    keys1, values1 = _batch("a1")
+    assert rig.client.put_many(keys1, values1) == [None] * 4
     # The plain way, then space for the next batch of this shape, asked without waiting.
-    assert rig.rpcs() == ["PutStart", "PutEnd", "PutStart"]
+    assert rig.rpcs() == ["PutStart", "PutEnd"] * 2 + ["PutStart"]
     # Two batches' worth: a put takes what was granted before the last one.
     assert ("later", "PutStart") in rig.trace and len(rig.placeholders()) == 4 * DEPTH
     rig.trace.clear()
@@ -93,7 +108,7 @@ def test_the_second_batch_of_a_shape_costs_one_control_call(rig: ReservingRig) -
     assert rig.client.put_many(keys2, values2) == [None] * 4
     assert rig.rpcs() == ["PutCommit", "PutStart"]  # the commit; the refill (later)
     assert [e[1] for e in rig.trace if e[0] == "later"] == ["PutStart"]
-    assert rig.client.stats.one_call_puts == 4 and rig.client.stats.puts == 8
+    assert rig.client.stats.one_call_puts == 4 and rig.client.stats.puts == 12
     for k, v in zip(keys + keys2, values + values2, strict=True):
         assert _stored(rig, k) == v
     assert rig.client.get_many(keys2) == values2
@@ -104,9 +119,10 @@ def test_the_second_batch_of_a_shape_costs_one_control_call(rig: ReservingRig) -
 
 
 def test_zero_copy_puts_use_placeholders_too(rig: ReservingRig) -> None:
-    keys, values = _batch("z", n=3)
-    src, _ = _buffers(rig, values, SIZE)
-    assert rig.client.put_from(keys, _slices(src, 3, SIZE)) == [None] * 3
+    for tag in ("z", "z1"):
+        keys, values = _batch(tag, n=3)
+        src, _ = _buffers(rig, values, SIZE)
+        assert rig.client.put_from(keys, _slices(src, 3, SIZE)) == [None] * 3
     keys2, values2 = _batch("y", n=3)
     src2, _ = _buffers(rig, values2, SIZE)
     rig.trace.clear()
@@ -117,7 +133,7 @@ def test_zero_copy_puts_use_placeholders_too(rig: ReservingRig) -> None:
 
 def test_a_placeholder_the_master_no_longer_holds_is_put_again_the_plain_way(
         rig: ReservingRig) -> None:
-    rig.client.put_many(*_batch("a"))
+    _warm(rig)
     rig.settle()
     gone = rig.placeholders()[:2]
     for p in gone:  # reclaimed at the master (put timeout), or its node lost
@@ -134,8 +150,8 @@ def test_a_placeholder_the_master_no_longer_holds_is_put_again_the_plain_way(
 
 
 def test_an_existing_key_leaves_its_placeholder_for_the_next_put(rig: ReservingRig) -> None:
+    _warm(rig)
     keys, values = _batch("a")
-    rig.client.put_many(keys, values)
     rig.settle()
     held = set(rig.placeholders())
     rig.trace.clear()
@@ -156,7 +172,7 @@ def test_an_existing_key_leaves_its_placeholder_for_the_next_put(rig: ReservingR
 
 def test_a_failed_transfer_gives_its_placeholder_up_and_reports_the_failure(
         rig: ReservingRig) -> None:
-    rig.client.put_many(*_batch("a"))
+    _warm(rig)
     rig.settle()
     rs = rig.state.reservations
     assert rs is not None
@@ -178,7 +194,7 @@ def test_a_failed_transfer_gives_its_placeholder_up_and_reports_the_failure(
 
 def test_old_placeholders_are_revoked_never_written(rig: ReservingRig,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    rig.client.put_many(*_batch("a"))
+    _warm(rig)
     rig.settle()
     rs = rig.state.reservations
     assert rs is not None
@@ -199,7 +215,7 @@ def test_old_placeholders_are_revoked_never_written(rig: ReservingRig,
 
 def test_the_age_follows_the_masters_put_timeout(rig: ReservingRig) -> None:
     rs = Reservations("w", 1 << 20, max_age=5.0)
-    asked = rs.wanted([SIZE], 1)
+    asked = _ask(rs, [SIZE], 1)
     assert asked is not None and len(asked) == DEPTH
     reply = pb.PutStartResponse(epoch=1, put_timeout=2.0)
     for _ in asked:
@@ -222,22 +238,22 @@ def test_a_batch_over_the_budget_goes_the_plain_way_and_reserves_nothing(
 
 def test_the_pool_stays_within_its_budget_across_shapes() -> None:
     rs = Reservations("w", budget=DEPTH * 10 * KiB)
-    assert rs.wanted([6 * KiB, 6 * KiB], 1) is None  # DEPTH such batches exceed it
-    a = rs.wanted([4 * KiB, 4 * KiB], 1)
+    assert _ask(rs, [6 * KiB, 6 * KiB], 1) is None  # DEPTH such batches exceed it
+    a = _ask(rs, [4 * KiB, 4 * KiB], 1)
     assert a is not None and rs.held == DEPTH * 8 * KiB
-    assert rs.wanted([4 * KiB, 4 * KiB], 1) is None  # already asked for
+    assert _ask(rs, [4 * KiB, 4 * KiB], 1) is None  # already asked for
     # Another shape that does not fit beside it: nothing in the pool to give up yet.
-    assert rs.wanted([3 * KiB], 1) is None and rs.held == DEPTH * 8 * KiB
+    assert _ask(rs, [3 * KiB], 1) is None and rs.held == DEPTH * 8 * KiB
     rs.granted(a, 1, None, time.monotonic())  # the answer never came: revoke them all
     assert rs.held == 0 and sorted(rs.expired()) == sorted(k for k, _ in a)
-    assert rs.wanted([3 * KiB], 1) is not None and rs.held == DEPTH * 3 * KiB
+    assert _ask(rs, [3 * KiB], 1) is not None and rs.held == DEPTH * 3 * KiB
 
 
 def test_placeholders_of_an_older_leader_are_dropped() -> None:
     rs = Reservations("w", budget=1 << 20)
 
     def grant(sizes: list[int], epoch: int) -> None:
-        asked = rs.wanted(sizes, 1)
+        asked = _ask(rs, sizes, 1)
         assert asked is not None and len(asked) == DEPTH
         reply = pb.PutStartResponse(epoch=epoch, put_timeout=30.0)
         for _ in asked:
@@ -254,7 +270,7 @@ def test_placeholders_of_an_older_leader_are_dropped() -> None:
 
 
 def test_a_commit_from_a_new_leader_is_not_learned_as_a_placement(rig: ReservingRig) -> None:
-    rig.client.put_many(*_batch("a"))
+    _warm(rig)
     rig.settle()
     rig.master.epoch = 2  # the placeholders' placements were named by epoch 1
     keys, values = _batch("b")
@@ -276,22 +292,24 @@ def test_the_async_client_commits_in_one_call_too(rig: ReservingRig) -> None:
     client._call = call  # type: ignore[method-assign]
     client._release_later = rig.master.release  # type: ignore[method-assign]
     keys, values = _batch("a")
+    keys1, values1 = _batch("a1")
     keys2, values2 = _batch("b")
 
     async def main() -> None:
         client._staging_turn = asyncio.Lock()
         assert await client.put_many(keys, values) == [None] * 4
+        assert await client.put_many(keys1, values1) == [None] * 4
         await asyncio.gather(*client._background)  # the refill, a task of its own
         assert await client.put_many(keys2, values2) == [None] * 4
 
     asyncio.run(main())
-    assert methods[:4] == ["PutStart", "PutEnd", "PutStart", "PutCommit"]
-    assert [_stored(rig, k) for k in keys + keys2] == values + values2
+    assert methods == ["PutStart", "PutEnd"] * 2 + ["PutStart", "PutCommit", "PutStart"]
+    assert [_stored(rig, k) for k in keys + keys1 + keys2] == values + values1 + values2
     assert rig.state.stats.one_call_puts == 4
 
 
 def test_an_unknown_commit_code_never_loses_a_value(rig: ReservingRig) -> None:
-    rig.client.put_many(*_batch("a"))
+    _warm(rig)
     rig.settle()
     held = set(rig.placeholders())
 
@@ -307,3 +325,14 @@ def test_an_unknown_commit_code_never_loses_a_value(rig: ReservingRig) -> None:
     rig.client.put_many(*_batch("c"))
     revoked = {k for e in rig.trace if e[:2] == ("rpc", "PutRevoke") for k in e[2]}
     assert held <= revoked
+
+
+def test_values_of_varied_sizes_never_hold_placeholders(rig: ReservingRig) -> None:
+    rng = random.Random(5)
+    for j in range(5):
+        keys = [f"v{j}-{i}".encode() for i in range(4)]
+        values = [rng.randbytes(rng.randint(1, 3 * KiB)) for _ in keys]
+        assert rig.client.put_many(keys, values) == [None] * 4
+        assert [_stored(rig, k) for k in keys] == values
+    assert not rig.placeholders() and "PutCommit" not in rig.rpcs()
+    assert not [e for e in rig.trace if e[0] == "later"]

@@ -23,6 +23,7 @@ from kvstore.master.core import (
     ObjectInfo,
     PutStartResult,
 )
+from kvstore.master.core.core import AHEAD_SHARE
 from kvstore.master.metrics import MasterMetrics
 from kvstore.master.service import MasterService
 from kvstore.security.access import AccessList, Authenticator, new_token, token_hash
@@ -684,3 +685,53 @@ def test_commit_matches_put_start_put_end_seeded(seed: int) -> None:
 @given(st.lists(_op, min_size=5, max_size=60))
 def test_commit_matches_put_start_put_end(ops: list[tuple[Any, ...]]) -> None:
     _run_twins(ops)
+
+
+# -- space started ahead (put_start(ahead=True)) ------------------------------------------
+
+
+def ahead(core: MasterCore, keys: Sequence[bytes], size: int = KiB,
+          replicas: int | None = None) -> list[PutStartResult]:
+    return core.put_start(list(keys), [size] * len(keys), [0] * len(keys), replicas=replicas,
+                          writer=W, ahead=True)
+
+
+def test_space_ahead_comes_from_free_space_and_commits_like_any_put() -> None:
+    core, _ = make(nodes=2)
+    rs = ahead(core, [b"p0", b"p1"], replicas=2)
+    assert [r.code for r in rs] == [OK, OK] and all(len(r.locations) == 2 for r in rs)
+    assert commit(core, [(b"p0", b"k0"), (b"p1", b"k1")]) == [OK, OK]
+    assert core.exists([b"k0", b"k1"]) == [True, True]
+
+
+def test_space_ahead_never_evicts_and_is_all_or_nothing() -> None:
+    core, _ = make(seg=64 * KiB, evict_high=0.99, evict_low=0.5)
+    put(core, [f"old{i}".encode() for i in range(12)], size=4 * KiB)  # 48 of 64 KiB
+    before = counts(core.stats())
+    evictions = core.eviction_stats()
+    # 5 x 4 KiB: more than is free without an eviction (and than AHEAD_SHARE): none.
+    rs = ahead(core, [f"p{i}".encode() for i in range(5)], size=4 * KiB)
+    assert {r.code for r in rs} == {Code.STORE_FULL} and "ahead" in rs[0].message
+    assert counts(core.stats()) == before and core.eviction_stats() == evictions
+    assert core.exists([f"old{i}".encode() for i in range(12)]) == [True] * 12
+    # A plain put of the same size does evict to make room.
+    put(core, [b"new"], size=20 * KiB)
+    assert core.exists([f"old{i}".encode() for i in range(12)]).count(False) > 0
+
+
+def test_space_ahead_stays_under_its_share_of_the_pool() -> None:
+    core, _ = make(seg=1 << 20)
+    share = int(AHEAD_SHARE * (1 << 20))
+    n = share // (16 * KiB)
+    assert {r.code for r in ahead(core, [f"a{i}".encode() for i in range(n)], size=16 * KiB)} \
+        == {OK}
+    # PENDING space of any kind counts: one more placeholder is refused, free space or not.
+    assert ahead(core, [b"one-more"], size=16 * KiB)[0].code == Code.STORE_FULL
+    assert core.stats().objects_pending == n
+
+
+def test_space_ahead_is_refused_where_quotas_apply() -> None:
+    core, _ = make()
+    core.set_quotas({b"ta/": 1 << 20})
+    assert {r.code for r in ahead(core, [b"ta/p0", b"p1"])} == {Code.STORE_FULL}
+    assert core.stats().objects_pending == 0

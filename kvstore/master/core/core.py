@@ -88,6 +88,10 @@ class _Move:
         self.token = token
         self.dest = dest
 _MAX_CHECKSUM = 1 << 64
+# Space started ahead (put_start(ahead=True)) is granted only while all PENDING space
+# stays under this share of the DRAM pool: a client's pool of placeholders must never
+# crowd out the writes themselves on a small store.
+AHEAD_SHARE = 0.25
 # Running totals the core keeps a one-minute, per-second history of (window.py).
 _RECENT = ("lookup_keys", "hit_keys", "evictions", "evicted_bytes", "demotions", "demoted_bytes",
            "ssd_evictions", "ssd_evicted_bytes")
@@ -277,8 +281,15 @@ class MasterCore:
         checksums: Sequence[int],
         replicas: int | None = None,
         writer: str = "",
+        ahead: bool = False,
     ) -> list[PutStartResult]:
         """Allocate space for new objects (PENDING, invisible to readers).
+
+        `ahead`: space a writer starts before it has the values (placeholders, see
+        put_commit). It is only ever taken from free space: never by evicting, demoting
+        or waiting, never past the eviction watermark or AHEAD_SHARE of the pool in
+        PENDING space, and not where quotas apply; otherwise every key is refused
+        (STORE_FULL) and nothing changes.
 
         `replicas` None or 0 means config.default_replicas; it is best effort: fewer
         nodes, or no room on enough distinct nodes, gives fewer (never zero) replicas.
@@ -302,11 +313,41 @@ class MasterCore:
         want = min(want, len(self._dram))
         largest = max((s.alloc.capacity for s in self._dram), default=0)
         deadline = now + self.config.put_timeout
+        if ahead:
+            return self._put_ahead(keys, sizes, checksums, want, writer, now, deadline, largest)
         results = self._put_batch(keys, sizes, checksums, want, writer, now, deadline, largest)
         if results is None:
             results = self._put_each(keys, sizes, checksums, want, writer, now, deadline, largest)
         self._evict_to_watermark(now)
         self._flush_evictions()
+        return results
+
+    def _put_ahead(
+        self,
+        keys: Sequence[bytes],
+        sizes: Sequence[int],
+        checksums: Sequence[int],
+        want: int,
+        writer: str,
+        now: float,
+        deadline: float,
+        largest: int,
+    ) -> list[PutStartResult]:
+        """put_start(ahead=True): all of the batch from free space, or none of it."""
+        mask = self._align_mask
+        ints = all(isinstance(z, int) and z > 0 for z in sizes)
+        need = sum((z + mask) & ~mask for z in sizes) * want if ints else 0
+        cap = self._pool_capacity
+        results = None
+        if ints and cap and self._pending_space + need <= AHEAD_SHARE * cap \
+                and self._pool_used() + need <= self.config.evict_high * cap:
+            # _put_batch places only what surely fits: it never evicts and never refuses.
+            results = self._put_batch(keys, sizes, checksums, want, writer, now, deadline,
+                                      largest)
+        if results is None:
+            refused = PutStartResult(Code.STORE_FULL, [], message="no free space to start "
+                                     "ahead; put the values the usual way")
+            return [refused] * len(keys)
         return results
 
     def _put_each(
