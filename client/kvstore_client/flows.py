@@ -8,9 +8,11 @@ asyncio client are thin drivers that run these steps their own way, so both beha
 identically by construction (the idea of h11's sans-I/O state machine).
 
 A put is two-phase: PutStart (the master allocates space), the transfers, PutEnd (the
-objects become visible) or PutRevoke. A get is GetReplicas (which pins the objects under
-a short lease so nothing evicts them mid-read), the reads into registered memory, a
-checksum check of every object as soon as it lands, and a release once every byte is in.
+objects become visible) or PutRevoke; or, when the client holds space started ahead for
+every object (reservations.py), the transfers into it and one PutCommit. A get is
+GetReplicas (which pins the objects under a short lease so nothing evicts them
+mid-read), the reads into registered memory, a checksum check of every object as soon
+as it lands, and a release once every byte is in.
 A read whose lease ran out before the bytes arrived is not trusted. When the client
 knows where every object of a get sat (it wrote or read them lately), it reads there
 while it asks (`Ask`, the transfers, `Answer`) and keeps those bytes only if the
