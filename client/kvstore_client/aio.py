@@ -156,13 +156,21 @@ class AsyncKVStoreClient:
                 last = str(exc)
             else:
                 if not from_stale_leader(reply, self._epoch):
-                    self._epoch = reply.epoch
+                    self._saw_epoch(reply.epoch)
                     return check_reply(reply)
                 last = f"{self.master_address} is not the leader"
                 self.stats.failovers += 1
             await asyncio.sleep(backoff(attempt, deadline - loop.time()))
             await self._reconnect_quietly()
         raise timed_out(method, self.timeout, last)
+
+    def _saw_epoch(self, epoch: int) -> None:
+        """The newest leader epoch, from a reply that was used; the data side keeps it too
+        (space started ahead under an older leader is never written)."""
+        self._epoch = epoch
+        state = getattr(self, "_state", None)
+        if state is not None:
+            state.epoch = epoch
 
     async def _reconnect_quietly(self) -> None:
         with contextlib.suppress(KVStoreError):

@@ -167,7 +167,7 @@ class KVStoreClient:
                 last = str(exc)
             else:
                 if not from_stale_leader(reply, self._epoch):
-                    self._epoch = reply.epoch
+                    self._saw_epoch(reply.epoch)
                     return check_reply(reply)
                 last = f"{self.master_address} is not the leader"
                 self.stats.failovers += 1
@@ -197,7 +197,7 @@ class KVStoreClient:
                 pass
             else:
                 if not from_stale_leader(reply, self._epoch):
-                    self._epoch = reply.epoch
+                    self._saw_epoch(reply.epoch)
                     return check_reply(reply)
                 self.stats.failovers += 1
                 self._reconnect_quietly()
@@ -231,7 +231,7 @@ class KVStoreClient:
                 pass
             else:
                 if not from_stale_leader(got, self._epoch) and not got.error.code:
-                    self._epoch = got.epoch
+                    self._saw_epoch(got.epoch)
                     reply = got
         then(reply)
 
@@ -243,6 +243,14 @@ class KVStoreClient:
         with contextlib.suppress(Retry, KVStoreError):
             self._control.call("PutRevoke", pb.KeysRequest(keys=keys, writer=self.writer_id),
                                min(1.0, self.timeout))
+
+    def _saw_epoch(self, epoch: int) -> None:
+        """The newest leader epoch, from a reply that was used; the data side keeps it too
+        (space started ahead under an older leader is never written)."""
+        self._epoch = epoch
+        state = getattr(self, "_state", None)
+        if state is not None:
+            state.epoch = epoch
 
     def _reconnect_quietly(self) -> None:
         with contextlib.suppress(KVStoreError):  # the next attempt reports the failure

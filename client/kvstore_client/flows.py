@@ -251,6 +251,7 @@ class ClientState:
         self.transfer = transfer
         self.placements = placements if placements is not None else Placements()
         self.reservations = Reservations(writer_id, reserve_bytes) if reserve_bytes else None
+        self.epoch = 0  # the newest leader epoch the driver has seen
         self.staging = staging
         self.local = local
         self.writer_id = writer_id
@@ -653,10 +654,10 @@ def _put(st: ClientState, keys: list[bytes], srcs: list[Dest],
     sizes = [d.view.nbytes for d in srcs]
     if rs is None or len(st.pipelined(sizes)) > 1:
         return (yield from _put_plain(st, keys, srcs, fill))
-    taken = rs.take(sizes, st.replicas)
+    taken = rs.take(sizes, st.replicas, st.epoch)
     if taken is None and rs.asking():
         yield Settle()  # the space asked for after the last put: wait for it this once
-        taken = rs.take(sizes, st.replicas)
+        taken = rs.take(sizes, st.replicas, st.epoch)
     if taken is not None:
         if st.answering({(loc.segment, loc.node_id) for r in taken for loc in r.locations}):
             results = yield from _put_reserved(st, keys, srcs, fill, taken)

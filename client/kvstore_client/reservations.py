@@ -88,11 +88,14 @@ class Reservations:
     def __len__(self) -> int:
         return sum(len(q) for q in self._pool.values())
 
-    def take(self, sizes: list[int], replicas: int) -> list[Reserved] | None:
+    def take(self, sizes: list[int], replicas: int, epoch: int = 0) -> list[Reserved] | None:
         """One young placeholder per size, or None (and nothing taken) if the pool lacks
-        any: a batch goes one way or the other as a whole."""
+        any: a batch goes one way or the other as a whole. `epoch`: the newest leader
+        epoch the client has seen; placeholders of an older leader are dropped first."""
         if not self.budget:
             return None
+        if epoch > self._epoch:
+            self._forget_older(epoch)
         now = time.monotonic()
         need = Counter(sizes)
         for size, n in need.items():
@@ -164,11 +167,12 @@ class Reservations:
         for _key, size in asked:
             self._asked[(size, replicas)] -= 1
             self.held -= size * copies
-        if reply is None or len(reply.items) != len(asked):
-            # Unknown whether the master started them: revoking is harmless either way.
+        if reply is None or len(reply.items) != len(asked) or reply.epoch < self._epoch:
+            # Unknown whether the master started them (or a deposed leader did): revoking
+            # is harmless either way.
             self.stale += [key for key, _ in asked]
             return
-        if reply.epoch != self._epoch:
+        if reply.epoch > self._epoch:
             self._forget_older(reply.epoch)
         timeout = reply.put_timeout or 0.0
         until = sent_at + min(self.max_age, timeout / 2 if timeout else self.max_age)

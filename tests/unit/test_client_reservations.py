@@ -24,37 +24,59 @@ from tests.unit.test_client_data_path import KiB, Rig, _buffers, _slices
 SIZE = 4 * KiB
 
 
+class FakeControl:
+    """The sync driver's control channel, answered by the fake master: a request is
+    answered when it arrives, its reply read when the driver asks for it."""
+
+    transport = "fast"
+    address = "fake-master"
+
+    def __init__(self, master: Any) -> None:
+        self.master = master
+
+    def call(self, method: str, request: Any, timeout: float) -> Any:
+        return self.master.call(method, request)
+
+    def ask(self, method: str, request: Any, timeout: float) -> Any:
+        self.master.trace.append(("asked", method))
+        try:
+            return self.master.call(method, request)
+        except Unavailable as exc:
+            return exc
+
+    def answer(self, asked: Any, method: str) -> Any:
+        if isinstance(asked, Unavailable):
+            raise asked
+        return asked
+
+    def release(self, lease_id: int, timeout: float) -> None:
+        self.master.release(lease_id)
+
+    def close(self) -> None:
+        pass
+
+
 class ReservingRig(Rig):
+    """The Rig with reservations on and the real synchronous driver (its Later, Settle
+    and epoch handling) in front of the fake master."""
+
     def __init__(self, budget: int = 256 * KiB) -> None:
         super().__init__()
         self.state.reservations = Reservations(self.state.writer_id, budget)
-        self.waiting: list[tuple[Any, Any]] = []  # (reply, then) of Later calls not read
-        self.client._send_later = self.later  # type: ignore[method-assign]
-        self.client._later = None
-        self.client._settle_later = self.settle  # type: ignore[method-assign]
-        call = self.master.call
-
-        def settled_call(method: str, request: Any) -> Any:
-            self.settle()
-            return call(method, request)
-
-        self.client._call = settled_call  # type: ignore[method-assign]
-
-    def later(self, method: str, request: Any, then: Any) -> None:
-        # The master answers when the request arrives; the client reads it later.
-        self.trace.append(("later", method))
-        try:
-            reply = self.master.call(method, request)
-        except Unavailable:
-            reply = None
-        self.waiting.append((reply, then))
-        self.client._later = (None, None)  # type: ignore[assignment]  # the driver's "unread"
+        c = self.client
+        for patched in ("_call", "_ask", "_answer", "_release_async"):
+            delattr(c, patched)
+        c._control = FakeControl(self.master)  # type: ignore[assignment]
+        c.timeout = 5.0
+        c._epoch = 0
+        c._later = None
+        c.master_address = FakeControl.address
 
     def settle(self) -> None:
-        self.client._later = None
-        while self.waiting:
-            reply, then = self.waiting.pop(0)
-            then(reply)
+        """Read the reply of the Later call in flight, as the driver does before its next
+        control call."""
+        if self.client._later is not None:
+            self.client._settle_later()
 
     def placeholders(self) -> list[bytes]:
         return [k for k in self.master.pending if k.startswith(reservations.PREFIX)]
@@ -102,12 +124,12 @@ def test_the_second_batch_of_a_shape_costs_one_control_call(rig: ReservingRig) -
     # The plain way, then space for the next batch of this shape, asked without waiting.
     assert rig.rpcs() == ["PutStart", "PutEnd"] * 2 + ["PutStart"]
     # Two batches' worth: a put takes what was granted before the last one.
-    assert ("later", "PutStart") in rig.trace and len(rig.placeholders()) == 4 * DEPTH
+    assert ("asked", "PutStart") in rig.trace and len(rig.placeholders()) == 4 * DEPTH
     rig.trace.clear()
     keys2, values2 = _batch("b")
     assert rig.client.put_many(keys2, values2) == [None] * 4
     assert rig.rpcs() == ["PutCommit", "PutStart"]  # the commit; the refill (later)
-    assert [e[1] for e in rig.trace if e[0] == "later"] == ["PutStart"]
+    assert [e[1] for e in rig.trace if e[0] == "asked"] == ["PutStart"]
     assert rig.client.stats.one_call_puts == 4 and rig.client.stats.puts == 12
     for k, v in zip(keys + keys2, values + values2, strict=True):
         assert _stored(rig, k) == v
@@ -233,7 +255,7 @@ def test_a_batch_over_the_budget_goes_the_plain_way_and_reserves_nothing(
     rig.client.put_many(*_batch("a", n=4))
     rig.client.put_many(*_batch("b", n=4))
     assert "PutCommit" not in rig.rpcs() and not rig.placeholders()
-    assert not [e for e in rig.trace if e[0] == "later"]
+    assert not [e for e in rig.trace if e[0] == "asked"]
 
 
 def test_the_pool_stays_within_its_budget_across_shapes() -> None:
@@ -335,4 +357,24 @@ def test_values_of_varied_sizes_never_hold_placeholders(rig: ReservingRig) -> No
         assert rig.client.put_many(keys, values) == [None] * 4
         assert [_stored(rig, k) for k in keys] == values
     assert not rig.placeholders() and "PutCommit" not in rig.rpcs()
-    assert not [e for e in rig.trace if e[0] == "later"]
+    assert not [e for e in rig.trace if e[0] == "asked"]
+
+
+def test_placeholders_of_a_deposed_leader_are_never_written(rig: ReservingRig) -> None:
+    _warm(rig)
+    rig.settle()
+    rs = rig.state.reservations
+    assert rs is not None and len(rs) == 4 * DEPTH
+    old = [(r.locations[0].addr, r.size) for q in rs._pool.values() for r in q]
+    rig.master.epoch = 2  # a failover: the new leader knows none of them
+    keys, values = _batch("a")
+    assert rig.client.get_many(keys) == values  # any reply tells the client
+    assert rig.state.epoch == 2
+    rig.trace.clear()
+    keys2, values2 = _batch("b")
+    assert rig.client.put_many(keys2, values2) == [None] * 4
+    assert rig.rpcs()[:2] == ["PutStart", "PutEnd"] and "PutCommit" not in rig.rpcs()
+    for addr, size in old:  # not one byte went to where the old leader had put them
+        off = addr - rig.node.base
+        assert not rig.node.mem[off:off + size].any()
+    assert [_stored(rig, k) for k in keys2] == values2
