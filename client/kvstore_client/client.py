@@ -153,7 +153,9 @@ class KVStoreClient:
         """One control round trip. Follows the leader across a failover, retrying with
         bounded backoff, and fails with Unavailable once `timeout` has passed."""
         if self._later is not None:
-            self._settle_later()
+            # Sent before the Later call's reply is read (a connection answers in order):
+            # the master works on this one while the client takes in that one.
+            return self._answer(self._ask(method, request))
         deadline = time.monotonic() + self.timeout
         last = "no attempt"
         for attempt in range(1 << 30):
@@ -177,13 +179,14 @@ class KVStoreClient:
 
     def _ask(self, method: str, request: Any) -> _Asked:
         """Send a control request without waiting (see `_answer`). A failure to send is
-        not reported here: `_answer` then makes the whole call, retries included."""
-        if self._later is not None:
-            self._settle_later()
+        not reported here: `_answer` then makes the whole call, retries included. A Later
+        call's reply still unread is read after sending (replies come in order)."""
         asked = _Asked(method, request, self._control)
         if self._control is not None:
             with contextlib.suppress(Retry):
                 asked.handle = self._control.ask(method, request, self.timeout)
+        if self._later is not None:
+            self._settle_later()
         return asked
 
     def _answer(self, asked: _Asked) -> Any:
@@ -204,13 +207,13 @@ class KVStoreClient:
         return self._call(asked.method, asked.request)
 
     def _send_later(self, method: str, request: Any, then: Any) -> None:
-        """A Later step: sent now; its reply is read before the next control call."""
-        if self._later is not None:
-            self._settle_later()
+        """A Later step: sent now; its reply is read before the next control call's."""
         asked = _Asked(method, request, self._control)
         if self._control is not None:
             with contextlib.suppress(Retry):
                 asked.handle = self._control.ask(method, request, self.timeout)
+        if self._later is not None:
+            self._settle_later()
         if asked.handle is None:
             then(None)
         else:

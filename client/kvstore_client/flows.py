@@ -659,7 +659,7 @@ def _put(st: ClientState, keys: list[bytes], srcs: list[Dest],
         yield Settle()  # the space asked for after the last put: wait for it this once
         taken = rs.take(sizes, st.replicas, st.epoch)
     if taken is not None:
-        if st.answering({(loc.segment, loc.node_id) for r in taken for loc in r.locations}):
+        if st.answering({target for r in taken for target, _ in r.locations}):
             results = yield from _put_reserved(st, keys, srcs, fill, taken)
         else:
             for r in taken:
@@ -702,15 +702,15 @@ def _put_reserved(st: ClientState, keys: list[bytes], srcs: list[Dest],
         fill(0, n)
     plan: Plan = defaultdict(list)
     for d, r in zip(srcs, taken, strict=True):
-        for loc in r.locations:
-            plan[(loc.segment, loc.node_id)].append(Xfer(d.addr, loc.addr, r.size))
+        for target, addr in r.locations:
+            plan[target].append(Xfer(d.addr, addr, r.size))
     ticket = yield Start(plan, write=True, at_once=True)
     sums = [checksum(d.view) for d in srcs]
     failed: dict[Target, KVStoreError] = yield Finish(ticket)
     again: list[int] = []
     commit: list[int] = []
     for i, r in enumerate(taken):
-        if failed and any((loc.segment, loc.node_id) in failed for loc in r.locations):
+        if failed and any(target in failed for target, _ in r.locations):
             rs.lost(r)
             again.append(i)
         else:
@@ -733,9 +733,9 @@ def _put_reserved(st: ClientState, keys: list[bytes], srcs: list[Dest],
                     continue
                 st.stats.one_call_puts += 1
                 if reply.epoch == r.epoch:
-                    loc = r.locations[0]
-                    learn(keys[i], r.epoch, r.placement, r.size, sums[i], loc.segment,
-                          loc.node_id, loc.addr, now)
+                    (segment, node_id), addr = r.locations[0]
+                    learn(keys[i], r.epoch, r.placement, r.size, sums[i], segment, node_id,
+                          addr, now)
             else:
                 # The placeholder is gone (reclaimed, its node lost, a new leader) or the
                 # key is refused here: the plain way gives the canonical answer. A

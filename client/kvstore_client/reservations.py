@@ -62,7 +62,7 @@ class Reserved:
     size: int
     epoch: int
     placement: int
-    locations: list[Any]  # pb.Location, one per replica
+    locations: list[tuple[tuple[str, str], int]]  # ((segment, node id), addr) per replica
     usable_until: float
 
 
@@ -155,8 +155,8 @@ class Reservations:
                     continue
             self._asked[shape] += missing
             self.held += need
-            out += [(self._prefix + str(next(self._names)).encode(), size)
-                    for _ in range(missing)]
+            prefix, names = self._prefix, self._names
+            out += [(prefix + b"%d" % next(names), size) for _ in range(missing)]
         return out or None
 
     def granted(self, asked: list[tuple[bytes, int]], replicas: int, reply: Any,
@@ -176,10 +176,12 @@ class Reservations:
             self._forget_older(reply.epoch)
         timeout = reply.put_timeout or 0.0
         until = sent_at + min(self.max_age, timeout / 2 if timeout else self.max_age)
+        epoch = reply.epoch
         for (key, size), item in zip(asked, reply.items, strict=True):
             locs = item.locations
             if item.code == Code.OK and locs and (not replicas or len(locs) == replicas):
-                r = Reserved(key, size, reply.epoch, item.placement, list(locs), until)
+                r = Reserved(key, size, epoch, item.placement,
+                             [((loc.segment, loc.node_id), loc.addr) for loc in locs], until)
                 self._pool.setdefault((size, replicas), deque()).append(r)
                 self.held += size * len(locs)
             elif item.code == Code.OK:

@@ -200,7 +200,7 @@ def test_a_failed_transfer_gives_its_placeholder_up_and_reports_the_failure(
     assert rs is not None
     first = rs._pool[(SIZE, 0)][0]
     taken = {r.key for r in list(rs._pool[(SIZE, 0)])[:4]}  # what the next put takes
-    rig.transfer.fail_remote.add(first.locations[0].addr)
+    rig.transfer.fail_remote.add(first.locations[0][1])
     keys, values = _batch("b")
     rig.trace.clear()
     out = rig.client.put_many(keys, values)
@@ -365,7 +365,7 @@ def test_placeholders_of_a_deposed_leader_are_never_written(rig: ReservingRig) -
     rig.settle()
     rs = rig.state.reservations
     assert rs is not None and len(rs) == 4 * DEPTH
-    old = [(r.locations[0].addr, r.size) for q in rs._pool.values() for r in q]
+    old = [(r.locations[0][1], r.size) for q in rs._pool.values() for r in q]
     rig.master.epoch = 2  # a failover: the new leader knows none of them
     keys, values = _batch("a")
     assert rig.client.get_many(keys) == values  # any reply tells the client

@@ -346,6 +346,28 @@ def test_ask_then_answer_is_a_call_in_two_halves(served: Served) -> None:
     ch.close()
 
 
+def test_several_asks_are_answered_in_the_order_asked(served: Served) -> None:
+    # What the client does with a Later call still unread: it sends the next request,
+    # then reads the earlier reply, then its own (the master answers in order).
+    ch = FastChannel(served.address)
+    put(ch, [b"x"])
+    first = ch.ask("Exists", pb.KeysRequest(keys=[b"x", b"nope"]), 5)
+    second = ch.ask("GetReplicas", pb.GetReplicasRequest(keys=[b"x"]), 5)
+    a: Any = ch.answer(first)
+    b: Any = ch.answer(second)
+    assert list(a.exists) == [True, False] and b.items[0].code == 0 and b.lease_id
+    # Out of order is a protocol violation: the connection is dropped, not misread.
+    third = ch.ask("Exists", pb.KeysRequest(keys=[b"x"]), 5)
+    fourth = ch.ask("Exists", pb.KeysRequest(keys=[b"nope"]), 5)
+    with pytest.raises(ConnectionError):
+        ch.answer(fourth)
+    with pytest.raises(ConnectionError):
+        ch.answer(third)
+    again: Any = ch.call("Exists", pb.KeysRequest(keys=[b"x"]), 5)
+    assert list(again.exists) == [True]
+    ch.close()
+
+
 def test_an_answer_whose_connection_closed_raises_and_the_next_call_reconnects(
         served: Served) -> None:
     ch = FastChannel(served.address)
