@@ -67,8 +67,8 @@ class Reserved:
 
 
 class Reservations:
-    __slots__ = ("_asked", "_epoch", "_last", "_names", "_pool", "_prefix", "budget", "held",
-                 "max_age", "stale")
+    __slots__ = ("_asked", "_cool", "_epoch", "_last", "_names", "_pool", "_prefix", "budget",
+                 "held", "max_age", "stale")
 
     def __init__(self, writer: str, budget: int = DEFAULT_BUDGET,
                  max_age: float = MAX_AGE) -> None:
@@ -82,6 +82,7 @@ class Reservations:
         self._prefix = PREFIX + writer.encode() + b"/"
         self._names = count(1)
         self._epoch = 0  # of the placeholders in the pool
+        self._cool: dict[Shape, float] = {}  # shape -> not asked for again before then
         self._last: tuple[int, set[int]] = (0, set())  # the previous put: replicas, sizes
         self.stale: list[bytes] = []  # placeholders never to be written again: to revoke
 
@@ -145,6 +146,8 @@ class Reservations:
             if last[0] != replicas or size not in last[1]:
                 continue  # not in the previous put: sizes that do not repeat get none
             shape = (size, replicas)
+            if self._cool and self._cool.get(shape, 0.0) > time.monotonic():
+                continue  # refused lately (see granted)
             missing = DEPTH * n - len(self._pool.get(shape, ())) - self._asked[shape]
             if missing <= 0:
                 continue
@@ -184,8 +187,12 @@ class Reservations:
                              [((loc.segment, loc.node_id), loc.addr) for loc in locs], until)
                 self._pool.setdefault((size, replicas), deque()).append(r)
                 self.held += size * len(locs)
-            elif item.code == Code.OK:
-                self.stale.append(key)  # fewer replicas than asked: not used, freed
+            else:
+                if item.code == Code.OK:
+                    self.stale.append(key)  # fewer replicas than asked: not used, freed
+                # Refused (no free space, too few nodes): not asked again for a while, or
+                # every put of a full store would cost the master a refused PutStart.
+                self._cool[(size, replicas)] = time.monotonic() + self.max_age
 
     def expired(self) -> list[bytes]:
         """Move every placeholder past its age to `stale` and return (and clear) it."""

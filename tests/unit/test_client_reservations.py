@@ -378,3 +378,32 @@ def test_placeholders_of_a_deposed_leader_are_never_written(rig: ReservingRig) -
         off = addr - rig.node.base
         assert not rig.node.mem[off:off + size].any()
     assert [_stored(rig, k) for k in keys2] == values2
+
+
+def test_a_shape_the_master_refused_is_not_asked_for_again_for_a_while(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    rs = Reservations("w", budget=1 << 20, max_age=5.0)
+    asked = _ask(rs, [SIZE, SIZE], 1)
+    assert asked is not None
+    reply = pb.PutStartResponse(epoch=1, put_timeout=30.0)
+    for _ in asked:  # a full store: no free space to start ahead
+        reply.items.add(code=Code.STORE_FULL, message="no free space to start ahead")
+    rs.granted(asked, 1, reply, time.monotonic())
+    assert len(rs) == 0 and rs.held == 0 and not rs.expired()  # nothing started, nothing to revoke
+    assert _ask(rs, [SIZE, SIZE], 1) is None  # every put of a full store would ask again
+    assert _ask(rs, [2 * SIZE], 1) is not None  # another shape is asked for
+    later = time.monotonic() + 6.0
+    monkeypatch.setattr(reservations.time, "monotonic", lambda: later)
+    assert _ask(rs, [SIZE, SIZE], 1) is not None
+
+
+def test_too_few_replicas_are_revoked_and_the_shape_rests() -> None:
+    rs = Reservations("w", budget=1 << 20)
+    asked = _ask(rs, [SIZE], 2)
+    assert asked is not None
+    reply = pb.PutStartResponse(epoch=1, put_timeout=30.0)
+    for _ in asked:  # one node only: one replica each
+        reply.items.add(placement=3).locations.add(node_id="n", segment="s", addr=64, size=SIZE)
+    rs.granted(asked, 2, reply, time.monotonic())
+    assert len(rs) == 0 and sorted(rs.expired()) == sorted(k for k, _ in asked)
+    assert _ask(rs, [SIZE], 2) is None
