@@ -650,7 +650,9 @@ class MasterCore:
         out: list[Code] = []
         done: list[int] = []
         for p, key, size, checksum in zip(placeholders, keys, sizes, checksums, strict=True):
-            k, pk = _norm_key(key), _norm_key(p)
+            # The usual keys, checked inline (as put_end does); _norm_key for the rest.
+            k = key if type(key) is bytes and 0 < len(key) <= MAX_KEY_BYTES else _norm_key(key)
+            pk = p if type(p) is bytes and 0 < len(p) <= MAX_KEY_BYTES else _norm_key(p)
             if k is None or pk is None:
                 out.append(Code.INVALID_ARGUMENT)
                 continue
