@@ -76,6 +76,11 @@ class StoreLink:
         return asyncio.run_coroutine_threadsafe(self._run(op), self._loop)
 
     def call(self, op: Op[T], timeout: float | None = None) -> T:
+        if self.down:
+            # Checked here too, not only on the link's loop: that loop may still be busy
+            # with the call that found the store down (creating the client, its Transfer
+            # Engine, takes a while), and waiting for it would stall the scheduler.
+            raise Unavailable(f"kvstore is treated as down for a few seconds ({self._down_reason})")
         fut = self.submit(op)
         try:
             return fut.result(timeout if timeout is not None else self.settings.timeout * 2 + 1)
