@@ -91,7 +91,6 @@ class AsyncKVStoreClient:
         self._control: AsyncControl | None = None
         self._fast_given_up = ""  # a fast address that would not take connections
         self.master_address = ""  # where control calls go (the fast or the gRPC address)
-        self._epoch = 0
         self._state = ClientState.build(None if master else etcd, self._layout, buffer_size,
                                         host, protocol, device, same_host, replicas,
                                         timeout=timeout, placement_memory=placement_memory,
@@ -155,22 +154,14 @@ class AsyncKVStoreClient:
             except Retry as exc:
                 last = str(exc)
             else:
-                if not from_stale_leader(reply, self._epoch):
-                    self._saw_epoch(reply.epoch)
+                if not from_stale_leader(reply, self._state.epoch):
+                    self._state.epoch = reply.epoch
                     return check_reply(reply)
                 last = f"{self.master_address} is not the leader"
                 self.stats.failovers += 1
             await asyncio.sleep(backoff(attempt, deadline - loop.time()))
             await self._reconnect_quietly()
         raise timed_out(method, self.timeout, last)
-
-    def _saw_epoch(self, epoch: int) -> None:
-        """The newest leader epoch, from a reply that was used; the data side keeps it too
-        (space started ahead under an older leader is never written)."""
-        self._epoch = epoch
-        state = getattr(self, "_state", None)
-        if state is not None:
-            state.epoch = epoch
 
     async def _reconnect_quietly(self) -> None:
         with contextlib.suppress(KVStoreError):

@@ -100,7 +100,6 @@ class KVStoreClient:
         self._control: Control | None = None
         self._fast_given_up = ""  # a fast address that would not take connections
         self.master_address = ""  # where control calls go (the fast or the gRPC address)
-        self._epoch = 0  # the newest leader epoch seen; older replies are refused
         self._later: tuple[_Asked, Any] | None = None  # a Later step's call, not yet read
         self._connect()
         self._state = ClientState.build(None if master else etcd, self._layout, buffer_size,
@@ -168,8 +167,8 @@ class KVStoreClient:
             except Retry as exc:
                 last = str(exc)
             else:
-                if not from_stale_leader(reply, self._epoch):
-                    self._saw_epoch(reply.epoch)
+                if not from_stale_leader(reply, self._state.epoch):
+                    self._state.epoch = reply.epoch
                     return check_reply(reply)
                 last = f"{self.master_address} is not the leader"
                 self.stats.failovers += 1
@@ -199,8 +198,8 @@ class KVStoreClient:
             except Retry:
                 pass
             else:
-                if not from_stale_leader(reply, self._epoch):
-                    self._saw_epoch(reply.epoch)
+                if not from_stale_leader(reply, self._state.epoch):
+                    self._state.epoch = reply.epoch
                     return check_reply(reply)
                 self.stats.failovers += 1
                 self._reconnect_quietly()
@@ -208,12 +207,7 @@ class KVStoreClient:
 
     def _send_later(self, method: str, request: Any, then: Any) -> None:
         """A Later step: sent now; its reply is read before the next control call's."""
-        asked = _Asked(method, request, self._control)
-        if self._control is not None:
-            with contextlib.suppress(Retry):
-                asked.handle = self._control.ask(method, request, self.timeout)
-        if self._later is not None:
-            self._settle_later()
+        asked = self._ask(method, request)
         if asked.handle is None:
             then(None)
         else:
@@ -233,8 +227,8 @@ class KVStoreClient:
             except (Retry, KVStoreError):
                 pass
             else:
-                if not from_stale_leader(got, self._epoch) and not got.error.code:
-                    self._saw_epoch(got.epoch)
+                if not from_stale_leader(got, self._state.epoch) and not got.error.code:
+                    self._state.epoch = got.epoch
                     reply = got
         then(reply)
 
@@ -246,14 +240,6 @@ class KVStoreClient:
         with contextlib.suppress(Retry, KVStoreError):
             self._control.call("PutRevoke", pb.KeysRequest(keys=keys, writer=self.writer_id),
                                min(1.0, self.timeout))
-
-    def _saw_epoch(self, epoch: int) -> None:
-        """The newest leader epoch, from a reply that was used; the data side keeps it too
-        (space started ahead under an older leader is never written)."""
-        self._epoch = epoch
-        state = getattr(self, "_state", None)
-        if state is not None:
-            state.epoch = epoch
 
     def _reconnect_quietly(self) -> None:
         with contextlib.suppress(KVStoreError):  # the next attempt reports the failure

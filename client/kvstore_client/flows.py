@@ -251,7 +251,9 @@ class ClientState:
         self.transfer = transfer
         self.placements = placements if placements is not None else Placements()
         self.reservations = Reservations(writer_id, reserve_bytes) if reserve_bytes else None
-        self.epoch = 0  # the newest leader epoch the driver has seen
+        # The newest leader epoch the driver has seen: replies of older ones are refused,
+        # and space started ahead under an older leader is never written.
+        self.epoch = 0
         self.staging = staging
         self.local = local
         self.writer_id = writer_id

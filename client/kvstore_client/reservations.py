@@ -35,6 +35,7 @@ KV blocks) always finds them.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -103,8 +104,7 @@ class Reservations:
             q = self._pool.get((size, replicas))
             if q is None:
                 return None
-            while q and q[0].usable_until <= now:
-                self._discard(q.popleft())
+            self._age_out(q, now)
             if len(q) < n:
                 return None
         out: list[Reserved] = []
@@ -198,16 +198,14 @@ class Reservations:
         """Move every placeholder past its age to `stale` and return (and clear) it."""
         now = time.monotonic()
         for q in self._pool.values():
-            while q and q[0].usable_until <= now:
-                self._discard(q.popleft())
+            self._age_out(q, now)
         out, self.stale = self.stale, []
         return out
 
     def drain(self) -> list[bytes]:
         """Every placeholder held (the client closes): to revoke."""
         for q in self._pool.values():
-            while q:
-                self._discard(q.popleft())
+            self._age_out(q, math.inf)
         out, self.stale = self.stale, []
         return out
 
@@ -219,6 +217,11 @@ class Reservations:
             for r in [r for r in q if r.epoch != epoch]:
                 q.remove(r)
                 self.held -= r.size * len(r.locations)
+
+    def _age_out(self, q: deque[Reserved], now: float) -> None:
+        """Discard the placeholders of q no longer usable at `now` (oldest first)."""
+        while q and q[0].usable_until <= now:
+            self._discard(q.popleft())
 
     def _discard(self, r: Reserved) -> None:
         self.held -= r.size * len(r.locations)

@@ -68,7 +68,6 @@ class ReservingRig(Rig):
             delattr(c, patched)
         c._control = FakeControl(self.master)  # type: ignore[assignment]
         c.timeout = 5.0
-        c._epoch = 0
         c._later = None
         c.master_address = FakeControl.address
 
