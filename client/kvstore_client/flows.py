@@ -328,6 +328,18 @@ class ClientState:
                 return False
         return True
 
+    def is_local(self, target: Target) -> bool:
+        """Whether the target was last reached by memcpy (same-host)."""
+        return self._local_known.get(target, False)
+
+    def saw_answer(self, target: Target) -> None:
+        """The target just moved bytes for this client (see `answering`)."""
+        self._answered[target] = time.monotonic()
+
+    def saw_failure(self, target: Target) -> None:
+        """A transfer to the target failed: no early reads go there until one lands."""
+        self._answered.pop(target, None)
+
     def resolved(self, plan: Plan) -> bool:
         """Whether starting this plan cannot block: same-host targets told apart (that may
         ask etcd) and engine targets known to answer (else they are probed first)."""
@@ -942,7 +954,7 @@ def _get_once(st: ClientState, keys: list[bytes], todo: list[int],
             continue
         if early is not None and seen is not None and in_time:
             target, x = early[p]
-            if _confirmed(seen[p], reply.epoch, item):
+            if confirmed(seen[p], reply.epoch, item):
                 if target in early_failed:
                     # As a first read failing there: another attempt asks first (the
                     # node may be gone) and tries the other replicas.
@@ -1022,7 +1034,7 @@ def _read_while_asking(request: pb.GetReplicasRequest,
     return reply, failed
 
 
-def _confirmed(seen: Seen, epoch: int, item: pb.ReadItem) -> bool:
+def confirmed(seen: Seen, epoch: int, item: pb.ReadItem) -> bool:
     """Whether the reply says the object sits where it was seen (so an early read of its
     first replica read the object; see placements.py)."""
     if not seen.matches(epoch, item):
@@ -1103,7 +1115,7 @@ def get_into(st: ClientState, keys: Sequence[bytes], buffers: Sequence[Any],
                                              f"than the object ({item.size} bytes)",
                                              key=checked[i])
                 else:
-                    if early is not None and seen is not None and _confirmed(seen[i], reply.epoch,
+                    if early is not None and seen is not None and confirmed(seen[i], reply.epoch,
                                                                              item):
                         kept.append((len(found), *early[i]))
                     else:

@@ -78,6 +78,13 @@ class Placements:
     def forget(self, key: bytes) -> None:
         self._seen.pop(key, None)
 
+    def recall_one(self, key: bytes) -> Seen | None:
+        """What was seen of `key`, or None if unknown or too old."""
+        s = self._seen.get(key) if self.capacity else None
+        if s is None or s.at < time.monotonic() - self.max_age:
+            return None
+        return s
+
     def recall(self, keys: list[bytes]) -> list[Seen] | None:
         """What was seen of every key, or None if any is unknown or too old (an early
         read of part of a batch would not save its round trip)."""

@@ -69,3 +69,39 @@ def test_async_early_reads_match_the_sync_client(cluster: Cluster) -> None:
     got, early, first = asyncio.run(main())
     assert got == [*values[:5], None] and first == values[0]
     assert early == 5 + 1
+
+
+@pytest.mark.parametrize(("same_host", "transport"),
+                         [(False, "fast"), (True, "fast"), (False, "grpc")],
+                         ids=["engine", "same-host", "engine-grpc"])
+def test_single_gets_are_read_early_without_the_flow(cluster: Cluster, same_host: bool,
+                                                     transport: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # quick.py: a single get of a known object is read in straight-line code; whatever it
+    # cannot vouch for (moved, rewritten) goes through the flow, and a miss is a miss.
+    rng = random.Random(9)
+    keys = [f"q-{i}".encode() for i in range(3)]
+    values = [rng.randbytes(SIZE) for _ in keys]
+    with KVStoreClient(etcd=cluster.etcd, same_host=same_host, transport=transport) as a, \
+            KVStoreClient(etcd=cluster.etcd) as b:
+        assert a.put_many(keys, values) == [None] * 3
+        flows_run: list[object] = []
+        real_run = a._run
+
+        def counted(flow: object) -> object:
+            flows_run.append(flow)
+            return real_run(flow)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(a, "_run", counted)
+        assert [a.get(k) for k in keys] == values
+        assert flows_run == [] and a.stats.early_reads == 3
+        b.remove_many(keys[:2], force=True)
+        new0 = rng.randbytes(SIZE)
+        b.put(keys[0], new0)
+        assert [a.get(k) for k in keys] == [new0, None, values[2]]
+        assert len(flows_run) == 1  # keys[0], rewritten; the miss and the hit were quick
+        buf = np.zeros(SIZE, dtype=np.uint8)
+        a.register(buf)
+        assert a.get_into([keys[0]], [buf]) == [None] and buf.tobytes() == new0
+        assert len(flows_run) == 1 and a.stats.corrupt_reads == 0
+        assert a.stats.early_reads == 3 + 1 + 1

@@ -256,6 +256,9 @@ class Rig:
         self.client._ask = self.ask  # type: ignore[method-assign]
         self.client._answer = self.answer  # type: ignore[method-assign]
         self.client._release_async = self.master.release  # type: ignore[method-assign]
+        # No control channel: single gets run the flow too (quick.py has its own tests).
+        self.client._control = None
+        self.client._later = None
 
     # The master answers when asked (as a real one does when the request arrives); the
     # client reads the reply later.
