@@ -22,7 +22,7 @@ from kvstore_client import flows, quick
 from tests.unit.test_client_data_path import KiB, Rig, _move
 from tests.unit.test_client_reservations import FakeControl
 
-SIZE = 4 * KiB  # over SYNC_MAX below: a flow's read of it is submitted and polled
+SIZE = 4 * KiB  # under SYNC_MAX below: the quick path's size
 
 
 class DriverRig(Rig):
@@ -48,7 +48,7 @@ class DriverRig(Rig):
 
 @pytest.fixture(autouse=True)
 def small_thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(flows, "SYNC_MAX", 2 * KiB)
+    monkeypatch.setattr(flows, "SYNC_MAX", 8 * KiB)
     monkeypatch.setattr(flows, "PIECE", 4 * KiB)
     monkeypatch.setattr(flows, "POLL_MIN", 1e-5)
     monkeypatch.setattr(flows, "POLL_MAX", 1e-4)
@@ -127,6 +127,16 @@ def test_unknown_keys_and_unread_replies_go_through_the_flow(
     assert calls == [] and len(then) == 1 and rig.client._later is None
     assert rig.client.get(b"k") == value
     assert len(calls) == 1 and rig.client.stats.early_reads == 2
+
+
+def test_an_object_too_large_to_wait_for_spinning_goes_through_the_flow(
+        rig: DriverRig, monkeypatch: pytest.MonkeyPatch) -> None:
+    value = _value(9) * 4  # 16 KiB, over SYNC_MAX: the flow polls it in pieces
+    rig.put(b"big", value)
+    assert quick.read_one(rig.state, rig.client._control, b"big", None, 5.0) is quick.SLOW
+    assert rig.kinds() == []  # decided before anything was sent or started
+    assert rig.client.get(b"big") == value
+    assert rig.client.stats.early_reads == 1 and rig.kinds().count("start") == 4
 
 
 # -- the same outcome either way ---------------------------------------------------------
