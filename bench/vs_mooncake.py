@@ -755,7 +755,9 @@ class RangeRow:
             if system not in self.ratios:
                 return "-"
             lo, hi = self.ratios[system]
-            return f"{lo:.2f}x" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}x"
+            if f"{lo:.2f}" == f"{hi:.2f}":
+                return f"{lo:.2f}x"
+            return f"{lo:.2f}-{hi:.2f}x ({self.medians[system]:.2f})"
 
         return [format_size(self.size).replace(".0 ", " "), self.measure, val(TE), val(MC),
                 ratio(TE), val(SHM), ratio(SHM)]
@@ -788,8 +790,9 @@ def range_rows(runs: list[list[Row]]) -> list[RangeRow]:
 
 
 def render_ranges(rows: list[RangeRow], runs: int) -> str:
-    head = (f"over {runs} runs, min-max of each figure and of each ratio (ratio > 1 means "
-            "kvstore is better);\nb/r: the API each system's figures came from, as above.")
+    head = (f"over {runs} runs, min-max of each figure and of each ratio, with the median "
+            "ratio in brackets\n(ratio > 1 means kvstore is better); b/r: the API each "
+            "system's figures came from, as above.")
     table = format_table(
         ["size", "measure", "kvstore TE", "Mooncake", "ratio", "kvstore same-host", "ratio"],
         [r.cells() for r in rows], align="llrrrrr")

@@ -25,7 +25,7 @@ def test_runs_fold_into_min_max_of_figures_and_ratios() -> None:
     assert row.apis[TE] == "b/r" and row.apis[MC] == "r"
     cells = row.cells()
     assert cells[:2] == ["1 MiB", "batch get x32"]
-    assert cells[2] == "1.00-1.50 GB/s b/r" and cells[4] == "0.50-1.50x"
+    assert cells[2] == "1.00-1.50 GB/s b/r" and cells[4] == "0.50-1.50x (1.00)"
 
 
 def test_latency_ranges_keep_one_unit_when_they_share_it() -> None:
@@ -34,7 +34,7 @@ def test_latency_ranges_keep_one_unit_when_they_share_it() -> None:
     cells = row.cells()
     assert cells[2] == "300-350 µs r"
     assert cells[3] == "150 µs r"      # the same in every run: one figure
-    assert cells[4] == "0.43-0.50x"
+    assert cells[4] == "0.43-0.50x (0.46)"
 
 
 def test_runs_with_different_rows_are_refused() -> None:
