@@ -62,9 +62,11 @@ def read_one(st: ClientState, control: Any, key: bytes, dest: Dest | None,
     target = (seen.segment, seen.node_id)
     if not st.answering((target,)):
         return SLOW
-    local = st.local.get(*target) if st.is_local(target) else None
-    if local is not None and not local.contains(seen.addr, size):
-        return SLOW
+    local = None
+    if st.is_local(target):
+        local = st.local.get(*target)
+        if local is None or not local.contains(seen.addr, size):
+            return SLOW  # unmapped or remounted since: the flow finds out which
     if dest is None:
         staging = st.staging
         if size > staging.size:

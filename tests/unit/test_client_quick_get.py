@@ -19,7 +19,8 @@ from kvstore.checksum import checksum
 from kvstore.errors import InvalidArgument, NotFound
 from kvstore.v1 import master_pb2 as pb
 from kvstore_client import flows, quick
-from tests.unit.test_client_data_path import KiB, Rig, _move
+from kvstore_client.local import LocalSegment
+from tests.unit.test_client_data_path import NODE, KiB, Rig, _move
 from tests.unit.test_client_reservations import FakeControl
 
 SIZE = 4 * KiB  # under SYNC_MAX below: the quick path's size
@@ -127,6 +128,20 @@ def test_unknown_keys_and_unread_replies_go_through_the_flow(
     assert calls == [] and len(then) == 1 and rig.client._later is None
     assert rig.client.get(b"k") == value
     assert len(calls) == 1 and rig.client.stats.early_reads == 2
+
+
+def test_same_host_the_copy_runs_while_the_master_answers(rig: DriverRig) -> None:
+    node = rig.node
+    rig.local.segment = LocalSegment(NODE, node.base, node.mem.nbytes, node.base, None)  # type: ignore[arg-type]
+    value = _value(10)
+    rig.put(b"k", value)  # learns that the node is reached by memcpy
+    assert rig.client.get(b"k") == value
+    assert rig.kinds() == ["asked", "rpc", "release"]  # no engine transfer at all
+    assert rig.client.stats.early_reads == 1 and rig.client.stats.local_transfers == 2
+    # The mapping went away (the node restarted elsewhere): the flow finds out.
+    rig.local.segment = None
+    assert quick.read_one(rig.state, rig.client._control, b"k", None, 5.0) is quick.SLOW
+    assert rig.client.get(b"k") == value
 
 
 def test_an_object_too_large_to_wait_for_spinning_goes_through_the_flow(
