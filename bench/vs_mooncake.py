@@ -1,13 +1,15 @@
 """kvstore against Mooncake Store, side by side, in one run on the same machine.
 
     python -m bench.vs_mooncake [--sizes 64KiB,1MiB,4MiB] [--iters 200] [--batch 32]
-                                [--rounds 0] [--quick] [--json out.json] [--plot out.png]
+                                [--rounds 0] [--turns 4] [--quick] [--json out.json] [--plot out.png]
                                 [--runs 1] [--phases] [--profile DIR] [--no-mooncake]
 
 Re-executes itself in a private network namespace (loopback only; needs root). Both
-systems are started, then measured in turn, one object size at a time (who goes first
-alternates from size to size), so that on a shared, noisy machine both see the same
-background load; the idle processes of either cost the other next to nothing:
+systems are started, then measured in turn, one object size at a time, in --turns turns
+each (who goes first alternates from turn to turn; each turn does its share of the
+single ops and batches, and the samples of all turns are pooled), so that on a shared,
+noisy machine both see the same background load, slow spells included; the idle
+processes of either cost the other next to nothing:
 
 - ours: etcd + our master + one store node (--dram, default 2 GiB) and a client in
   another process, `KVStoreClient(etcd=...)`, in two configurations:
@@ -214,6 +216,11 @@ class Phases:
         # read before the next put (see kvstore_client/reservations.py).
         self.wrap(client, "_send_later", lambda method, _req, _then: f"later {method} send")
         self.wrap(client, "_settle_later", "later: read reply")
+        with contextlib.suppress(ImportError):  # a client without the quick single get
+            from kvstore_client import quick
+
+            # Straight-line code (ask, transfer, checksum inside): timed as one phase.
+            self.wrap(quick, "read_one", "quick get (whole)")
         for attr, name in PHASE_POINTS:
             if hasattr(flows, attr):
                 self.wrap(flows, attr, name)
@@ -496,7 +503,54 @@ def measure(api: Api, size: int, iters: int, batch: int, rounds: int, tag: str) 
         "put": Latency.of(put_lat).as_dict(), "get": Latency.of(get_lat).as_dict(),
         "batch_put_gbps": gbps(nbytes, sum(put_t)), "batch_get_gbps": gbps(nbytes, sum(get_t)),
         "batch_put_call": Latency.of(put_t).as_dict(), "batch_get_call": Latency.of(get_t).as_dict(),
+        "samples": {"put": put_lat, "get": get_lat, "batch_put": put_t, "batch_get": get_t},
     }
+
+
+def share(total: int, turns: int, turn: int) -> int:
+    """This turn's part of `total` operations split over `turns` (at least 1)."""
+    return max(1, total // turns + (1 if turn < total % turns else 0))
+
+
+def merge_turns(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One result per (system, API, size) from the results of its turns: samples pooled,
+    latencies and throughputs computed over all of them, phases weighted by calls,
+    counters (cumulative in the client) from the last turn."""
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for r in results:
+        groups.setdefault((r["system"], r["api"], r["size"]), []).append(r)
+    out = []
+    for parts in groups.values():
+        if len(parts) == 1:
+            out.append(parts[0])
+            continue
+        pooled = {k: [x for p in parts for x in p["samples"][k]] for k in parts[0]["samples"]}
+        merged = dict(parts[-1])
+        iters, rounds = sum(p["iters"] for p in parts), sum(p["rounds"] for p in parts)
+        nbytes = merged["size"] * merged["batch"] * rounds
+        merged.update({
+            "iters": iters, "rounds": rounds, "samples": pooled, "turns": len(parts),
+            "put": Latency.of(pooled["put"]).as_dict(), "get": Latency.of(pooled["get"]).as_dict(),
+            "batch_put_gbps": gbps(nbytes, sum(pooled["batch_put"])),
+            "batch_get_gbps": gbps(nbytes, sum(pooled["batch_get"])),
+            "batch_put_call": Latency.of(pooled["batch_put"]).as_dict(),
+            "batch_get_call": Latency.of(pooled["batch_get"]).as_dict(),
+            "phases": _merge_phases(parts),
+        })
+        out.append(merged)
+    return out
+
+
+def _merge_phases(parts: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    weights = {"put": "iters", "get": "iters", "batch put": "rounds", "batch get": "rounds"}
+    out: dict[str, dict[str, float]] = {}
+    for op, by in weights.items():
+        have = [(p["phases"][op], p[by]) for p in parts if p.get("phases", {}).get(op)]
+        total = sum(w for _, w in have)
+        if total:
+            keys = {k for ph, _ in have for k in ph}
+            out[op] = {k: sum(ph.get(k, 0.0) * w for ph, w in have) / total for k in keys}
+    return out
 
 
 def auto_rounds(rounds: int, size: int, batch: int) -> int:
@@ -555,12 +609,14 @@ def run_worker(args: argparse.Namespace) -> int:
         # both systems are measured in alternation, each under the same background load.
         print(READY, flush=True)
         for line in sys.stdin:
-            size = int(json.loads(line)["size"])
+            ask = json.loads(line)
+            size, turn, turns = int(ask["size"]), int(ask["turn"]), int(ask["turns"])
             if profiler:
                 profiler.enable()
-            part = [measure(api, size, args.iters, args.batch,
-                            auto_rounds(args.rounds, size, args.batch),
-                            tag=f"{api.system}-{api.api}-{size}") for api in apis]
+            rounds = auto_rounds(args.rounds, size, args.batch)
+            part = [measure(api, size, share(args.iters, turns, turn), args.batch,
+                            share(rounds, turns, turn),
+                            tag=f"{api.system}-{api.api}-{size}-t{turn}") for api in apis]
             if profiler:
                 profiler.disable()
             results += part
@@ -602,9 +658,9 @@ class Worker:
         raise RuntimeError(f"benchmark client {self.name} exited with {self.proc.wait()}\n"
                            f"{log_tail(self.log)}")
 
-    def measure(self, size: int) -> list[dict[str, Any]]:
+    def measure(self, size: int, turn: int, turns: int) -> list[dict[str, Any]]:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"size": size}) + "\n")
+        self.proc.stdin.write(json.dumps({"size": size, "turn": turn, "turns": turns}) + "\n")
         self.proc.stdin.flush()
         result: list[dict[str, Any]] = json.loads(self._read_until(RESULT))
         return result
@@ -923,12 +979,17 @@ def measure_both(args: argparse.Namespace, sizes: list[int], dram: int,
                                         {"master": mc.master, "metadata": mc.metadata},
                                         tmp / "mooncake.json"),
                 tmp / "client-mooncake.log"))))
-        print("both systems up; measuring them in turn, one size at a time ...", flush=True)
-        for k, size in enumerate(sizes):
-            # alternate who goes first, so neither always follows the other
-            for w in workers if k % 2 == 0 else workers[::-1]:
-                (ours_res if w.name == "ours" else mc_res).extend(w.measure(size))
-    return ours_res, mc_res
+        print(f"both systems up; measuring them in turn, one size at a time, in "
+              f"{args.turns} turns each ...", flush=True)
+        k = 0
+        for size in sizes:
+            for turn in range(args.turns):
+                # who goes first alternates, so neither always follows the other
+                for w in workers if k % 2 == 0 else workers[::-1]:
+                    (ours_res if w.name == "ours" else mc_res).extend(
+                        w.measure(size, turn, args.turns))
+                k += 1
+    return merge_turns(ours_res), merge_turns(mc_res)
 
 
 def orchestrate(args: argparse.Namespace) -> int:
@@ -976,7 +1037,7 @@ def orchestrate(args: argparse.Namespace) -> int:
             Path(args.json).write_text(json.dumps({
                 "config": {"sizes": sizes, "iters": args.iters, "batch": args.batch,
                            "rounds": args.rounds, "dram": dram, "transport": "tcp loopback",
-                           "runs": args.runs},
+                           "runs": args.runs, "turns": args.turns},
                 "runs": [{"rows": [r.__dict__ for r in run["rows"]], "raw": run["raw"],
                           "load_average": run["load"]} for run in runs],
                 "ranges": [r.__dict__ for r in ranged] if ranged else None,
@@ -1006,6 +1067,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--sizes", default="64KiB,1MiB,4MiB", help="object sizes, comma-separated")
     p.add_argument("--iters", type=int, default=200, help="single puts and gets per size")
+    p.add_argument("--turns", type=int, default=4,
+                   help="per size, the systems take this many turns each, alternating, "
+                        "each doing its share of the single ops and batches; the samples "
+                        "of all turns are pooled (a slow spell of the machine then falls "
+                        "on both)")
     p.add_argument("--batch", type=int, default=32, help="objects per batch call")
     p.add_argument("--rounds", type=int, default=0,
                    help="batch calls per size and direction (0: ~256 MiB worth, 5..200)")
@@ -1037,7 +1103,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.turns < 1:
+        parser.error(f"--turns must be 1 or more, got {args.turns}")
     if args.quick:
         args.sizes, args.iters, args.rounds = "64KiB,1MiB", 50, 5
     if args.worker:

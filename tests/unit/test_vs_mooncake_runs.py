@@ -48,3 +48,43 @@ def test_render_ranges_has_a_line_per_row() -> None:
     rows = range_rows([[_row(1.0, 2.0, 4.0), _row(1e-3, 2e-3, 5e-4, unit="s")]] * 2)
     text = vs_mooncake.render_ranges(rows, 2)
     assert "over 2 runs" in text and text.count("1 MiB") == 2
+
+
+# -- --turns: each system measured in alternating turns, samples pooled ----------------------
+
+
+def test_turns_share_the_operations_and_each_does_some() -> None:
+    from bench.vs_mooncake import share
+
+    assert [share(200, 4, t) for t in range(4)] == [50] * 4
+    assert [share(10, 4, t) for t in range(4)] == [3, 3, 2, 2]
+    assert sum(share(128, 3, t) for t in range(3)) == 128
+    assert [share(2, 4, t) for t in range(4)] == [1, 1, 1, 1]  # never none
+
+
+def _turn(put: list[float], batch_get: list[float], rounds: int, early: tuple[int, int],
+          phase: float) -> dict[str, object]:
+    return {"system": TE, "api": "r", "size": 1000, "batch": 2, "iters": len(put),
+            "rounds": rounds, "early_reads": early,
+            "samples": {"put": put, "get": put, "batch_put": batch_get, "batch_get": batch_get},
+            "phases": {"batch get": {"transfer wait": phase}}}
+
+
+def test_turns_pool_their_samples_into_one_result() -> None:
+    from bench.vs_mooncake import merge_turns
+
+    first = _turn([1.0, 2.0], [0.001], 1, (2, 0), 0.5)
+    second = _turn([3.0, 4.0, 5.0], [0.002, 0.003], 2, (5, 1), 2.0)
+    other = {**_turn([9.0], [0.001], 1, (0, 0), 1.0), "api": "b"}
+    merged = merge_turns([first, other, second])
+    assert len(merged) == 2
+    (te,) = [m for m in merged if m["api"] == "r"]
+    assert te["iters"] == 5 and te["rounds"] == 3 and te["turns"] == 2
+    assert te["put"]["n"] == 5 and te["put"]["p50"] == 3.0
+    # 3 rounds x 2 objects x 1000 bytes over the summed call times
+    assert te["batch_get_gbps"] == pytest.approx(6000 / 0.006 / 1e9)
+    assert te["early_reads"] == (5, 1)  # cumulative in the client: the last turn's
+    # 1 round at 0.5, 2 at 2.0: weighted by calls
+    assert te["phases"]["batch get"]["transfer wait"] == pytest.approx((0.5 + 4.0) / 3)
+    (b,) = [m for m in merged if m["api"] == "b"]
+    assert b is other  # a single turn stays as it was
