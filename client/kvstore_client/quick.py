@@ -4,8 +4,9 @@ A single get of an object this client wrote or read lately, on a store node that
 answered lately, is an early read (see placements.py): the bytes move while GetReplicas
 is asked. Run through the flow machinery (flows.py: steps, tickets, plans, a generator
 per level) the same read costs the caller ~60 µs more of Python, most of it on the
-critical path: on 2 vCPUs a single 64 KiB get over the engine took 200-246 µs p50 that
-way and 134-175 µs done by hand like this (the same cluster, rounds interleaved).
+critical path: on 2 vCPUs, single 64 KiB gets over the engine took 202-337 µs p50 that
+way and 147-283 µs this way (2 clusters, 12 rounds of 400 each way, alternating; lower
+in every pair of rounds).
 
 So `read_one` does just that read: start the transfer (or copy, same-host), ask, wait,
 confirm the placement, verify the checksum, release the lease. Anything out of the
