@@ -27,7 +27,6 @@ from kvstore_client.control import (
     check_reply,
     check_transport,
     discover_record,
-    from_stale_leader,
     open_async_control,
     target,
     timed_out,
@@ -154,8 +153,7 @@ class AsyncKVStoreClient:
             except Retry as exc:
                 last = str(exc)
             else:
-                if not from_stale_leader(reply, self._state.epoch):
-                    self._state.epoch = reply.epoch
+                if self._state.current(reply):
                     return check_reply(reply)
                 last = f"{self.master_address} is not the leader"
                 self.stats.failovers += 1

@@ -21,7 +21,6 @@ from kvstore_client.control import (
     check_reply,
     check_transport,
     discover_record,
-    from_stale_leader,
     open_control,
     target,
     timed_out,
@@ -32,6 +31,7 @@ from kvstore_client.flows import (
     Ask,
     ClientState,
     ClientStats,
+    Dest,
     Finish,
     Flow,
     Later,
@@ -167,8 +167,7 @@ class KVStoreClient:
             except Retry as exc:
                 last = str(exc)
             else:
-                if not from_stale_leader(reply, self._state.epoch):
-                    self._state.epoch = reply.epoch
+                if self._state.current(reply):
                     return check_reply(reply)
                 last = f"{self.master_address} is not the leader"
                 self.stats.failovers += 1
@@ -198,8 +197,7 @@ class KVStoreClient:
             except Retry:
                 pass
             else:
-                if not from_stale_leader(reply, self._state.epoch):
-                    self._state.epoch = reply.epoch
+                if self._state.current(reply):
                     return check_reply(reply)
                 self.stats.failovers += 1
                 self._reconnect_quietly()
@@ -227,8 +225,7 @@ class KVStoreClient:
             except (Retry, KVStoreError):
                 pass
             else:
-                if not from_stale_leader(got, self._state.epoch) and not got.error.code:
-                    self._state.epoch = got.epoch
+                if not got.error.code and self._state.current(got):
                     reply = got
         then(reply)
 
@@ -240,6 +237,13 @@ class KVStoreClient:
         with contextlib.suppress(Retry, KVStoreError):
             self._control.call("PutRevoke", pb.KeysRequest(keys=keys, writer=self.writer_id),
                                min(1.0, self.timeout))
+
+    def _read_quick(self, key: bytes, dest: Dest | None) -> memoryview | quick.Slow | None:
+        """A single get in straight-line code (quick.py), or quick.SLOW for the flow; never
+        while a Later call's reply is unread (the flow's next call reads it first)."""
+        if self._later is not None or self._control is None:
+            return quick.SLOW
+        return quick.read_one(self._state, self._control, key, dest, self.timeout)
 
     def _reconnect_quietly(self) -> None:
         with contextlib.suppress(KVStoreError):  # the next attempt reports the failure
@@ -316,12 +320,11 @@ class KVStoreClient:
 
     def get(self, key: bytes) -> bytes | None:
         """The object's bytes, or None if the store does not hold it."""
-        if self._later is None and self._control is not None:
-            got = quick.read_one(self._state, self._control, key, None, self.timeout)
-            if got is None:
-                return None
-            if isinstance(got, memoryview):
-                return bytes(got)
+        got = self._read_quick(key, None)
+        if isinstance(got, memoryview):
+            return bytes(got)
+        if got is None:
+            return None
         out = self._run(flows.get_many(self._state, [key]))[0]
         if isinstance(out, NotFound):
             return None
@@ -373,11 +376,9 @@ class KVStoreClient:
         read, and if the lease deadline passes before the transfer finishes the whole call
         raises LeaseExpired, even if bytes arrived: they may belong to a reused range.
         """
-        if (len(keys) == 1 and len(buffers) == 1 and lease is None and self._later is None
-                and self._control is not None):
+        if len(keys) == 1 and len(buffers) == 1 and lease is None:
             with contextlib.suppress(KVStoreError):  # the flow reports a bad buffer
-                got = quick.read_one(self._state, self._control, keys[0],
-                                     self._state.dest(buffers[0]), self.timeout)
+                got = self._read_quick(keys[0], self._state.dest(buffers[0]))
                 if got is None:
                     return [NotFound("not in the store", key=keys[0])]
                 if isinstance(got, memoryview):

@@ -52,6 +52,7 @@ from kvstore.errors import (
 from kvstore.transfer import Transfer
 from kvstore.v1 import common_pb2 as cpb
 from kvstore.v1 import master_pb2 as pb
+from kvstore_client.control import from_stale_leader
 from kvstore_client.local import LocalSegment, LocalSegments
 from kvstore_client.placements import DEFAULT_CAPACITY, Placements, Seen
 from kvstore_client.reservations import DEFAULT_BUDGET, Reservations, Reserved
@@ -262,6 +263,14 @@ class ClientState:
         self.regions: list[tuple[int, int]] = []
         self._local_known: dict[Target, bool] = {}  # target -> reachable by memcpy
         self._answered: dict[Target, float] = {}  # engine target -> when it last moved bytes
+
+    def current(self, reply: Any) -> bool:
+        """Whether a reply comes from the newest leader seen (not a standby's, not a
+        deposed leader's); if so, its epoch becomes the newest seen."""
+        if from_stale_leader(reply, self.epoch):
+            return False
+        self.epoch = reply.epoch
+        return True
 
     @classmethod
     def build(cls, etcd: str | None, layout: Layout, buffer_size: int, host: str, protocol: str,

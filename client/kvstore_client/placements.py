@@ -80,10 +80,8 @@ class Placements:
 
     def recall_one(self, key: bytes) -> Seen | None:
         """What was seen of `key`, or None if unknown or too old."""
-        s = self._seen.get(key) if self.capacity else None
-        if s is None or s.at < time.monotonic() - self.max_age:
-            return None
-        return s
+        seen = self.recall([key])
+        return seen[0] if seen else None
 
     def recall(self, keys: list[bytes]) -> list[Seen] | None:
         """What was seen of every key, or None if any is unknown or too old (an early

@@ -32,22 +32,22 @@ from kvstore.checksum import checksum
 from kvstore.errors import Code, KVStoreError, check_key
 from kvstore.v1 import master_pb2 as pb
 from kvstore_client import flows
-from kvstore_client.control import Retry, from_stale_leader
+from kvstore_client.control import Retry
 from kvstore_client.flows import ClientState, Dest, confirmed
 
 
-class _Slow:
+class Slow:
     """The full flow must handle this read."""
 
     def __repr__(self) -> str:
         return "SLOW"
 
 
-SLOW: Final = _Slow()
+SLOW: Final = Slow()
 
 
 def read_one(st: ClientState, control: Any, key: bytes, dest: Dest | None,
-             timeout: float) -> memoryview | _Slow | None:
+             timeout: float) -> memoryview | Slow | None:
     """Read `key` early into `dest` (the staging buffer when None): the view holding the
     verified object, None for a miss, or SLOW (nothing decided; see the module doc).
     Raises only what the full flow would raise first (an invalid key)."""
@@ -95,9 +95,8 @@ def read_one(st: ClientState, control: Any, key: bytes, dest: Dest | None,
     except (Retry, KVStoreError):
         pass  # the flow calls again, and retries or reports
     landed = True if local is not None else _landed(st, tid, target, size)
-    if reply is None or from_stale_leader(reply, st.epoch) or reply.error.code:
+    if reply is None or reply.error.code or not st.current(reply):
         return SLOW
-    st.epoch = reply.epoch
     lease_id = reply.lease_id
     try:
         if len(reply.items) != 1:
