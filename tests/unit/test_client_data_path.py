@@ -274,15 +274,72 @@ class Rig:
         return [e[1] for e in self.trace if e[0] == "rpc"]
 
 
-@pytest.fixture
-def rig(monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
-    # Small thresholds so that a few KiB exercise pieces, polling and pipelining.
-    monkeypatch.setattr(flows, "SYNC_MAX", 2 * KiB)
+def small_thresholds(monkeypatch: pytest.MonkeyPatch, sync_max: int = 2 * KiB) -> None:
+    """Thresholds small enough that a few KiB exercise pieces, polling and pipelining."""
+    monkeypatch.setattr(flows, "SYNC_MAX", sync_max)
     monkeypatch.setattr(flows, "PIECE", 4 * KiB)
     monkeypatch.setattr(flows, "PIPELINE_MIN", 16 * KiB)
     monkeypatch.setattr(flows, "POLL_MIN", 1e-5)
     monkeypatch.setattr(flows, "POLL_MAX", 1e-4)
+
+
+@pytest.fixture
+def rig(monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
+    small_thresholds(monkeypatch)
     yield Rig()
+
+
+class FakeControl:
+    """The sync driver's control channel, answered by the fake master: a request is
+    answered when it arrives, its reply read when the driver asks for it."""
+
+    transport = "fast"
+    address = "fake-master"
+
+    def __init__(self, master: Any) -> None:
+        self.master = master
+
+    def call(self, method: str, request: Any, timeout: float) -> Any:
+        return self.master.call(method, request)
+
+    def ask(self, method: str, request: Any, timeout: float) -> Any:
+        self.master.trace.append(("asked", method))
+        try:
+            return self.master.call(method, request)
+        except Unavailable as exc:
+            return exc
+
+    def answer(self, asked: Any, method: str) -> Any:
+        if isinstance(asked, Unavailable):
+            raise asked
+        return asked
+
+    def release(self, lease_id: int, timeout: float) -> None:
+        self.master.release(lease_id)
+
+    def close(self) -> None:
+        pass
+
+
+class DriverRig(Rig):
+    """The data-path Rig with the real synchronous driver and a control channel."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        c = self.client
+        for patched in ("_call", "_ask", "_answer", "_release_async"):
+            delattr(c, patched)
+        c._control = FakeControl(self.master)  # type: ignore[assignment]
+        c.timeout = 5.0
+        c._later = None
+        c.master_address = FakeControl.address
+
+    def put(self, key: bytes, value: bytes) -> None:
+        assert self.client.put_many([key], [value]) == [None]
+        self.trace.clear()
+
+    def kinds(self) -> list[str]:
+        return [e[0] for e in self.trace]
 
 
 def _values(n: int, size: int, seed: int = 1) -> list[bytes]:

@@ -18,41 +18,16 @@ import pytest
 from kvstore.checksum import checksum
 from kvstore.errors import InvalidArgument, NotFound
 from kvstore.v1 import master_pb2 as pb
-from kvstore_client import flows, quick
+from kvstore_client import quick
 from kvstore_client.local import LocalSegment
-from tests.unit.test_client_data_path import NODE, KiB, Rig, _move
-from tests.unit.test_client_reservations import FakeControl
+from tests.unit.test_client_data_path import NODE, DriverRig, KiB, _move, small_thresholds
 
 SIZE = 4 * KiB  # under SYNC_MAX below: the quick path's size
 
 
-class DriverRig(Rig):
-    """The data-path Rig with the real synchronous driver and a control channel."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        c = self.client
-        for patched in ("_call", "_ask", "_answer", "_release_async"):
-            delattr(c, patched)
-        c._control = FakeControl(self.master)  # type: ignore[assignment]
-        c.timeout = 5.0
-        c._later = None
-        c.master_address = FakeControl.address
-
-    def put(self, key: bytes, value: bytes) -> None:
-        assert self.client.put_many([key], [value]) == [None]
-        self.trace.clear()
-
-    def kinds(self) -> list[str]:
-        return [e[0] for e in self.trace]
-
-
 @pytest.fixture(autouse=True)
-def small_thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(flows, "SYNC_MAX", 8 * KiB)
-    monkeypatch.setattr(flows, "PIECE", 4 * KiB)
-    monkeypatch.setattr(flows, "POLL_MIN", 1e-5)
-    monkeypatch.setattr(flows, "POLL_MAX", 1e-4)
+def thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
+    small_thresholds(monkeypatch, sync_max=8 * KiB)
 
 
 @pytest.fixture

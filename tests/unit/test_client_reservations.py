@@ -15,61 +15,22 @@ from typing import Any
 
 import pytest
 
-from kvstore.errors import Code, Unavailable
+from kvstore.errors import Code
 from kvstore.v1 import master_pb2 as pb
 from kvstore_client import AsyncKVStoreClient, flows, reservations
 from kvstore_client.reservations import DEPTH, Reservations
-from tests.unit.test_client_data_path import KiB, Rig, _buffers, _slices
+from tests.unit.test_client_data_path import DriverRig, KiB, Rig, _buffers, _slices, small_thresholds
 
 SIZE = 4 * KiB
 
 
-class FakeControl:
-    """The sync driver's control channel, answered by the fake master: a request is
-    answered when it arrives, its reply read when the driver asks for it."""
-
-    transport = "fast"
-    address = "fake-master"
-
-    def __init__(self, master: Any) -> None:
-        self.master = master
-
-    def call(self, method: str, request: Any, timeout: float) -> Any:
-        return self.master.call(method, request)
-
-    def ask(self, method: str, request: Any, timeout: float) -> Any:
-        self.master.trace.append(("asked", method))
-        try:
-            return self.master.call(method, request)
-        except Unavailable as exc:
-            return exc
-
-    def answer(self, asked: Any, method: str) -> Any:
-        if isinstance(asked, Unavailable):
-            raise asked
-        return asked
-
-    def release(self, lease_id: int, timeout: float) -> None:
-        self.master.release(lease_id)
-
-    def close(self) -> None:
-        pass
-
-
-class ReservingRig(Rig):
-    """The Rig with reservations on and the real synchronous driver (its Later, Settle
-    and epoch handling) in front of the fake master."""
+class ReservingRig(DriverRig):
+    """The driver rig with reservations on: the real synchronous driver (its Later,
+    Settle and epoch handling) in front of the fake master."""
 
     def __init__(self, budget: int = 256 * KiB) -> None:
         super().__init__()
         self.state.reservations = Reservations(self.state.writer_id, budget)
-        c = self.client
-        for patched in ("_call", "_ask", "_answer", "_release_async"):
-            delattr(c, patched)
-        c._control = FakeControl(self.master)  # type: ignore[assignment]
-        c.timeout = 5.0
-        c._later = None
-        c.master_address = FakeControl.address
 
     def settle(self) -> None:
         """Read the reply of the Later call in flight, as the driver does before its next
@@ -83,11 +44,7 @@ class ReservingRig(Rig):
 
 @pytest.fixture
 def rig(monkeypatch: pytest.MonkeyPatch) -> Iterator[ReservingRig]:
-    monkeypatch.setattr(flows, "SYNC_MAX", 2 * KiB)
-    monkeypatch.setattr(flows, "PIECE", 4 * KiB)
-    monkeypatch.setattr(flows, "PIPELINE_MIN", 16 * KiB)
-    monkeypatch.setattr(flows, "POLL_MIN", 1e-5)
-    monkeypatch.setattr(flows, "POLL_MAX", 1e-4)
+    small_thresholds(monkeypatch)
     yield ReservingRig()
 
 
