@@ -485,7 +485,6 @@ def measure(api: Api, size: int, iters: int, batch: int, rounds: int, tag: str) 
         mark("batch get end")
         add_phases("batch get", get_t[n0:])
         api.remove([k for keys in part for k in keys])
-    nbytes = size * batch * rounds
     phases: dict[str, dict[str, float]] = {}
     if ph is not None:
         if one_chunk:
@@ -500,10 +499,22 @@ def measure(api: Api, size: int, iters: int, batch: int, rounds: int, tag: str) 
         "local_transfers": api.local_transfers(),
         "early_reads": api.early_reads(),
         "one_call_puts": api.one_call_puts(),
-        "put": Latency.of(put_lat).as_dict(), "get": Latency.of(get_lat).as_dict(),
-        "batch_put_gbps": gbps(nbytes, sum(put_t)), "batch_get_gbps": gbps(nbytes, sum(get_t)),
-        "batch_put_call": Latency.of(put_t).as_dict(), "batch_get_call": Latency.of(get_t).as_dict(),
-        "samples": {"put": put_lat, "get": get_lat, "batch_put": put_t, "batch_get": get_t},
+        **summary({"put": put_lat, "get": get_lat, "batch_put": put_t, "batch_get": get_t},
+                  size * batch * rounds),
+    }
+
+
+def summary(samples: dict[str, list[float]], batch_bytes: float) -> dict[str, Any]:
+    """The figures of one measurement from its samples (seconds per call): latencies of
+    the single ops and of the batch calls, and GB/s over the summed batch call times of
+    `batch_bytes` each way."""
+    return {
+        "samples": samples,
+        "put": Latency.of(samples["put"]).as_dict(), "get": Latency.of(samples["get"]).as_dict(),
+        "batch_put_gbps": gbps(batch_bytes, sum(samples["batch_put"])),
+        "batch_get_gbps": gbps(batch_bytes, sum(samples["batch_get"])),
+        "batch_put_call": Latency.of(samples["batch_put"]).as_dict(),
+        "batch_get_call": Latency.of(samples["batch_get"]).as_dict(),
     }
 
 
@@ -527,16 +538,9 @@ def merge_turns(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         pooled = {k: [x for p in parts for x in p["samples"][k]] for k in parts[0]["samples"]}
         merged = dict(parts[-1])
         iters, rounds = sum(p["iters"] for p in parts), sum(p["rounds"] for p in parts)
-        nbytes = merged["size"] * merged["batch"] * rounds
-        merged.update({
-            "iters": iters, "rounds": rounds, "samples": pooled, "turns": len(parts),
-            "put": Latency.of(pooled["put"]).as_dict(), "get": Latency.of(pooled["get"]).as_dict(),
-            "batch_put_gbps": gbps(nbytes, sum(pooled["batch_put"])),
-            "batch_get_gbps": gbps(nbytes, sum(pooled["batch_get"])),
-            "batch_put_call": Latency.of(pooled["batch_put"]).as_dict(),
-            "batch_get_call": Latency.of(pooled["batch_get"]).as_dict(),
-            "phases": _merge_phases(parts),
-        })
+        merged.update({"iters": iters, "rounds": rounds, "turns": len(parts),
+                       "phases": _merge_phases(parts),
+                       **summary(pooled, merged["size"] * merged["batch"] * rounds)})
         out.append(merged)
     return out
 
