@@ -431,12 +431,12 @@ class ClientState:
                    [x.size for x in items])
             except KVStoreError as exc:
                 failed[target] = exc
-                self._answered.pop(target, None)
+                self.saw_failure(target)
                 continue
             if not write:
                 for x in items:
                     _verify(x)
-            self._answered[target] = time.monotonic()
+            self.saw_answer(target)
         pending = t.pending
         if not pending:
             return
@@ -480,12 +480,11 @@ class ClientState:
             left = sum(p[3] for p in pending)
             time.sleep(min(POLL_MAX, max(POLL_MIN, left / POLL_RATE)))
         t.pending = []
-        now = time.monotonic()
         for target in targets:
             if target in failed:
-                self._answered.pop(target, None)
+                self.saw_failure(target)
             else:
-                self._answered[target] = now
+                self.saw_answer(target)
 
     def run_transfers(self, plan: Plan, write: bool) -> dict[Target, KVStoreError]:
         """Start and finish a plan (the Move step)."""
