@@ -259,17 +259,14 @@ class MasterService(pbg.MasterServicer):
     def get_replicas(self, request: pb.GetReplicasRequest) -> pb.GetReplicasResponse:
         r = self.core.get_replicas(self._keys(request.keys), request.lease_id or None,
                                    request.lease_ttl or None, request.holder,
-                                   self._owner() if request.lease_id else self._caller.tenant)
-        reply = pb.GetReplicasResponse(lease_id=r.lease_id, ttl_remaining=self._ttl(r.expires_at))
+                                   self._owner() if request.lease_id else self._caller.tenant,
+                                   pin=not request.unpinned)
+        reply = (pb.GetReplicasResponse(lease_id=r.lease_id, ttl_remaining=self._ttl(r.expires_at))
+                 if r.lease_id else pb.GetReplicasResponse())  # unpinned, or nothing found
         add = reply.items.add
         for i in r.results:
-            item = add()
-            if i.code:
-                item.code = int(i.code)
-            item.size = i.size
-            item.checksum = i.checksum
-            if i.placement:
-                item.placement = i.placement
+            # Fields as keywords of add(): one call instead of one store per field.
+            item = add(code=int(i.code), size=i.size, checksum=i.checksum, placement=i.placement)
             _add_locations(item.locations, i.locations)
         return reply
 

@@ -106,16 +106,18 @@ class LookupResponse(_message.Message):
     def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., count: _Optional[int] = ..., lease_id: _Optional[int] = ..., ttl_remaining: _Optional[float] = ...) -> None: ...
 
 class GetReplicasRequest(_message.Message):
-    __slots__ = ("keys", "lease_id", "lease_ttl", "holder")
+    __slots__ = ("keys", "lease_id", "lease_ttl", "holder", "unpinned")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
+    UNPINNED_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     lease_id: int
     lease_ttl: float
     holder: str
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., lease_id: _Optional[int] = ..., lease_ttl: _Optional[float] = ..., holder: _Optional[str] = ...) -> None: ...
+    unpinned: bool
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., lease_id: _Optional[int] = ..., lease_ttl: _Optional[float] = ..., holder: _Optional[str] = ..., unpinned: _Optional[bool] = ...) -> None: ...
 
 class ReadItem(_message.Message):
     __slots__ = ("code", "size", "checksum", "locations", "placement")

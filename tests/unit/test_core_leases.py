@@ -257,6 +257,49 @@ def test_get_replicas_without_a_lease_pins_what_it_returns() -> None:
     assert none.results[0].code == Code.NOT_FOUND
 
 
+def test_an_unpinned_read_answers_like_a_pinned_one_but_grants_nothing() -> None:
+    core, _ = make()
+    put(core, [b"a", b"b"])
+    core.put_start([b"p"], [10], [0])
+    pinned = core.get_replicas([b"a", b"x", b"p", b"b"])
+    core.release_lease(pinned.lease_id)
+    before = core.stats()
+    g = core.get_replicas([b"a", b"x", b"p", b"b"], pin=False)
+    assert (g.lease_id, g.expires_at) == (0, 0.0)
+    assert g.results == pinned.results  # codes, sizes, checksums, locations, placements
+    assert pins(core, [b"a", b"b"]) == [0, 0]
+    after = core.stats()
+    assert (after.active_leases, after.pool_pinned) == (before.active_leases, 0)
+    # Nothing pinned: the objects stay evictable, and a forced remove is no lease failure.
+    assert core.remove([b"a"]) == [Code.OK]
+
+
+def test_an_unpinned_read_makes_the_object_the_most_recently_used() -> None:
+    core, clock = make()
+    put(core, [b"a", b"b", b"c"])
+    clock.advance(1)
+    core.get_replicas([b"a"], pin=False)  # a was the oldest; now b is
+    assert core.inspect(b"a").last_access == clock.now()  # type: ignore[union-attr]
+    assert core.evict_to(0.0, limit=1).evicted == 1
+    assert core.exists([b"a", b"b", b"c"]) == [True, False, True]
+    # One pinned meanwhile stays off the LRU: the unpinned read does not put it back.
+    r = core.lookup([b"c"])
+    core.get_replicas([b"c"], pin=False)
+    assert core.evict_to(0.0).evicted == 1  # a only
+    assert core.exists([b"a", b"c"]) == [False, True] and pins(core, [b"c"]) == [1]
+    core.release_lease(r.lease_id)
+    assert core.evict_to(0.0).evicted == 1
+
+
+def test_an_unpinned_read_under_a_lease_reads_under_the_lease() -> None:
+    core, _ = make()
+    put(core, [b"a", b"b"])
+    r = core.lookup([b"a"])
+    g = core.get_replicas([b"a", b"b"], lease_id=r.lease_id, pin=False)
+    assert g.lease_id == r.lease_id
+    assert [x.code for x in g.results] == [Code.OK, Code.LEASE_NOT_FOUND]
+
+
 def test_lease_ids_start_where_configured() -> None:
     core, _ = make(first_lease_id=(7 << 40) + 1)
     put(core, [b"a"])

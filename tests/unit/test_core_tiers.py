@@ -187,6 +187,22 @@ def test_reads_of_ssd_objects_answer_in_progress_and_start_one_promotion() -> No
     assert r.code == Code.OK and r.locations[0].tier == "dram"
 
 
+def test_an_unpinned_read_of_an_ssd_object_starts_its_promotion_and_pins_nothing() -> None:
+    core = make()
+    fill(core, 0, 10)
+    finish_all(core)
+    g = core.get_replicas([b"k0"], pin=False)
+    assert g.lease_id == 0 and g.results[0].code == Code.IN_PROGRESS
+    moves = core.drain_tier_moves()
+    assert [m.key for m in moves] == [b"k0"]
+    for m in moves:
+        core.finish_tier_move(m, Code.OK)
+    r = core.get_replicas([b"k0"], pin=False).results[0]
+    assert r.code == Code.OK and r.locations[0].tier == "dram"
+    info = core.inspect(b"k0")
+    assert info is not None and info.pins == 0 and core.stats().active_leases == 0
+
+
 def test_full_dram_with_ssd_room_makes_writers_wait_instead_of_dropping() -> None:
     core = make()
     fill(core, 0, 8)  # 80 KiB: under the high watermark, nothing demoted yet

@@ -813,6 +813,7 @@ class MasterCore:
         lease_ttl: float | None = None,
         holder: str = "",
         owner: str | None = None,
+        pin: bool = True,
     ) -> GetReplicasResult:
         """Where to read each key.
 
@@ -821,6 +822,12 @@ class MasterCore:
         Without: every COMPLETE key found is pinned under one new lease of `lease_ttl`
         (lease_id 0 when none was found) so that the read is safe; missing keys
         NOT_FOUND. Reading touches recency like a lookup does.
+
+        With `pin` False (and no lease id) nothing is pinned and no lease granted: the
+        object may be evicted, moved or rewritten while the caller reads it. Only for a
+        reader that needs no promise: one whose read began before it asked, and which
+        keeps the bytes only if this answer names the placement it read from and they
+        match the checksum (the client's quick get).
         """
         self._check_batch(len(keys))
         ttl = self._ttl(lease_ttl)
@@ -866,6 +873,9 @@ class MasterCore:
             index = t.index
             slots = [index[k] for k in found] if found else []
         if not found:
+            return GetReplicasResult(0, 0.0, results)
+        if not pin:
+            self._touch_slots(slots, now)
             return GetReplicasResult(0, 0.0, results)
         tokens = self._pin_slots(slots, now)
         lease = self._leases.grant(holder, found, tokens, ttl, now, owner or "")
@@ -1519,14 +1529,19 @@ class MasterCore:
         NOT_FOUND would give), the keys found and their slots, in order; nothing is
         changed. None (the per-key path's turn) otherwise: an invalid key, or an object
         on SSD, whose promotion must be queued at its place in the scan."""
-        if not keys:
-            return None
-        try:
-            if (set(map(type, keys)) != {bytes} or min(map(len, keys)) == 0
-                    or max(map(len, keys)) > MAX_KEY_BYTES):
+        if len(keys) == 1:  # the single get: its checks without building a set
+            k = keys[0]
+            if type(k) is not bytes or not 0 < len(k) <= MAX_KEY_BYTES:
                 return None
-        except TypeError:
-            return None
+        else:
+            if not keys:
+                return None
+            try:
+                if (set(map(type, keys)) != {bytes} or min(map(len, keys)) == 0
+                        or max(map(len, keys)) > MAX_KEY_BYTES):
+                    return None
+            except TypeError:
+                return None
         t = self._objects
         get = t.index.get
         pins = t.pins
@@ -1594,6 +1609,18 @@ class MasterCore:
             space = t.space
             self._pinned_space += sum([space[s] for s in newly])
         return tokens
+
+    def _touch_slots(self, slots: list[int], now: float) -> None:
+        """A read without a pin: each slot becomes the most recently used (a pinned one,
+        off the LRU, goes to its end when its last pin goes)."""
+        t = self._objects
+        pins = t.pins
+        touched = t.touched
+        lru_of = self._lru_of if self._tiered or self._ssd_lru else None
+        for s in slots:
+            touched[s] = now
+            if pins[s] == 0:
+                (self._lru if lru_of is None else lru_of(s)).touch(s)
 
     def _unpin(self, tokens: Iterable[int]) -> None:
         t = self._objects

@@ -82,6 +82,13 @@ class LruList:
         self.prev[s] = _OFF
         self._len -= 1
 
+    def touch(self, s: int) -> None:
+        """Move a slot on the list to the most-recent end (one off the list stays off)."""
+        if self.next[s] == _OFF:
+            return
+        self.unlink(s)
+        self.push(s)
+
     def unlink_all(self, slots: Iterable[int]) -> None:
         """unlink() for many slots, all on the list: the lookup path pins in bulk."""
         prev = self.prev
