@@ -191,6 +191,11 @@ class GrpcControl:
         except grpc.RpcError as exc:
             raise self._failure(method, exc) from exc
 
+    @staticmethod
+    def ready(asked: Any) -> bool:
+        """Whether `answer` would return (or raise) without waiting."""
+        return bool(asked.done())
+
     def release(self, lease_id: int, timeout: float) -> None:
         """Release without waiting; grpc runs the call on a thread of its own."""
         with contextlib.suppress(grpc.RpcError):
@@ -227,6 +232,10 @@ class FastControl:
             return self.channel.answer(asked)
         except OSError as exc:
             raise Retry(f"{self.address}: {_why(exc)}") from exc
+
+    def ready(self, asked: Any) -> bool:
+        """Whether the reply has begun to arrive (`answer` then waits little if at all)."""
+        return self.channel.ready(asked)
 
     def release(self, lease_id: int, timeout: float) -> None:
         """A one-way frame: sent now, never answered (a lost one expires by its TTL)."""

@@ -18,6 +18,7 @@ master's sentence.
 
 from __future__ import annotations
 
+import select
 import socket
 import ssl
 import time
@@ -172,6 +173,20 @@ class FastChannel:
             return asked.response.FromString(body)
         error = cpb.Error.FromString(body)
         raise error_for(error.code, error.message)
+
+    def ready(self, asked: Asked) -> bool:
+        """Whether `answer(asked)` can start reading at once: bytes of a reply are here
+        (or the connection is gone, which it reports at once). Never blocks: a poll with
+        a zero timeout, for a caller that spins on something else meanwhile."""
+        sock = asked.sock
+        if self._rest or sock is not self._sock:
+            return True
+        if isinstance(sock, ssl.SSLSocket) and sock.pending():
+            return True  # decrypted bytes wait in the TLS layer, not in the socket
+        try:
+            return bool(select.select((sock,), (), (), 0)[0])
+        except (OSError, ValueError):
+            return True  # closed under us: answer reports it
 
     def send_oneway(self, method: str, request: Message, timeout: float) -> bool:
         """Queue a request nobody waits for (see the module doc); False if it could not be."""

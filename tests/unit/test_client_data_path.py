@@ -162,6 +162,8 @@ class FakeMaster:
         self.fail: set[tuple[str, int]] = set()  # (method, n-th call) that raise Unavailable
         self.ttl = 30.0
         self.moving_at_release: list[int] = []
+        self.knows_unpinned = True  # False: a master older than GetReplicas.unpinned
+        self.reply_polls = 0  # FakeControl.ready says no this many times per reply
 
     def call(self, method: str, request: Any) -> Any:
         n = self.calls[method] = self.calls.get(method, 0) + 1
@@ -230,7 +232,7 @@ class FakeMaster:
             found.append(key)
         if req.lease_id:
             reply.lease_id = req.lease_id
-        elif found:
+        elif found and not (req.unpinned and self.knows_unpinned):
             reply.lease_id = next(self.lease_ids)
             self.leases[reply.lease_id] = found
         return reply
@@ -313,6 +315,14 @@ class FakeControl:
         if isinstance(asked, Unavailable):
             raise asked
         return asked
+
+    def ready(self, asked: Any) -> bool:
+        m = self.master
+        m.trace.append(("ready?",))
+        if m.reply_polls > 0:  # the reply is still on its way
+            m.reply_polls -= 1
+            return False
+        return True
 
     def release(self, lease_id: int, timeout: float) -> None:
         self.master.release(lease_id)

@@ -346,6 +346,50 @@ def test_ask_then_answer_is_a_call_in_two_halves(served: Served) -> None:
     ch.close()
 
 
+def test_ready_says_whether_the_reply_is_there_without_waiting(served: Served) -> None:
+    gate = threading.Event()
+    real = served.server.handle
+
+    def held(method: str, request: Any, caller: Any) -> Any:
+        if method == "Exists":
+            gate.wait(5)  # the master is busy: the reply cannot have come yet
+        return real(method, request, caller)
+
+    served.server.handle = held  # connections made from now on call it
+    ch = FastChannel(served.address)
+    put(ch, [b"r"])
+    try:
+        asked = ch.ask("Exists", pb.KeysRequest(keys=[b"r"]), 5)
+        t0 = time.monotonic()
+        assert not ch.ready(asked)
+        assert time.monotonic() - t0 < 0.5  # a poll, not a wait
+        gate.set()
+        deadline = time.monotonic() + 5
+        while not ch.ready(asked):
+            assert time.monotonic() < deadline
+        assert list(ch.answer(asked).exists) == [True]  # type: ignore[attr-defined]
+    finally:
+        served.server.handle = real
+    # A connection gone under the caller is "ready": answer reports it at once.
+    asked = ch.ask("Exists", pb.KeysRequest(keys=[b"r"]), 5)
+    ch.close()
+    assert ch.ready(asked)
+    with pytest.raises(ConnectionError):
+        ch.answer(asked)
+    ch.close()
+
+
+def test_an_unpinned_get_replicas_grants_no_lease(served: Served) -> None:
+    ch = FastChannel(served.address)
+    put(ch, [b"u"])
+    pinned: Any = ch.call("GetReplicas", pb.GetReplicasRequest(keys=[b"u"]), 5)
+    free: Any = ch.call("GetReplicas", pb.GetReplicasRequest(keys=[b"u"], unpinned=True), 5)
+    assert pinned.lease_id and pinned.ttl_remaining > 0
+    assert (free.lease_id, free.ttl_remaining) == (0, 0.0)
+    assert free.items == pinned.items and free.epoch == 7
+    ch.close()
+
+
 def test_several_asks_are_answered_in_the_order_asked(served: Served) -> None:
     # What the client does with a Later call still unread: it sends the next request,
     # then reads the earlier reply, then its own (the master answers in order).
