@@ -22,6 +22,7 @@ from kvstore_client.control import (
     check_transport,
     discover_record,
     open_control,
+    reply_spin,
     target,
     timed_out,
     unreachable_fast,
@@ -95,6 +96,7 @@ class KVStoreClient:
             tls_key=tls_key, tls_server_name=tls_server_name)
         self.timeout = timeout
         self.transport = check_transport(transport or os.environ.get("KVSTORE_TRANSPORT", "fast"))
+        reply_spin()  # a bad KVSTORE_REPLY_SPIN_US fails here, not at the first call
         self._layout = Layout(cluster)
         self._fixed_master = master
         self._control: Control | None = None

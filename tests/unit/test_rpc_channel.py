@@ -379,6 +379,53 @@ def test_ready_says_whether_the_reply_is_there_without_waiting(served: Served) -
     ch.close()
 
 
+def test_a_spinning_channel_polls_for_the_reply_then_sleeps(
+        served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvstore.rpc.client as rpc_client
+
+    polls: list[int] = []
+    real_select = rpc_client.select.select
+
+    def counted(*args: Any) -> Any:
+        polls.append(1)
+        return real_select(*args)
+
+    monkeypatch.setattr(rpc_client.select, "select", counted)
+    gate = threading.Event()
+    real = served.server.handle
+
+    def held(method: str, request: Any, caller: Any) -> Any:
+        if method == "Exists":
+            gate.wait(5)
+        return real(method, request, caller)
+
+    served.server.handle = held
+    gate.set()
+    try:
+        quiet = FastChannel(served.address)
+        put(quiet, [b"s"])
+        polls.clear()
+        assert list(quiet.call("Exists", pb.KeysRequest(keys=[b"s"]), 5).exists) == [True]  # type: ignore[attr-defined]
+        assert polls == []  # spin=0: straight to recv
+
+        spinning = FastChannel(served.address, spin=0.02)
+        spinning.call("Exists", pb.KeysRequest(keys=[b"s"]), 5)  # connected
+        gate.clear()
+        polls.clear()
+        threading.Timer(0.15, gate.set).start()  # the reply comes after the spin gave up
+        t0 = time.monotonic()
+        reply: Any = spinning.call("Exists", pb.KeysRequest(keys=[b"s"]), 5)
+        assert list(reply.exists) == [True] and time.monotonic() - t0 >= 0.1
+        assert len(polls) > 10  # it polled, then slept in recv until the reply came
+        polls.clear()
+        assert list(spinning.call("Exists", pb.KeysRequest(keys=[b"s"]), 5).exists) == [True]  # type: ignore[attr-defined]
+        assert polls  # a prompt reply: found by the poll
+        quiet.close()
+        spinning.close()
+    finally:
+        served.server.handle = real
+
+
 def test_an_unpinned_get_replicas_grants_no_lease(served: Served) -> None:
     ch = FastChannel(served.address)
     put(ch, [b"u"])
