@@ -9,17 +9,16 @@ way and 147-283 µs this way (2 clusters, 12 rounds of 400 each way, alternating
 in every pair of rounds).
 
 So `read_one` does just that read: start the transfer (or copy, same-host), ask, wait,
-confirm the placement, verify the checksum. Anything out of the
-ordinary ends it with SLOW, after the transfer it started is over, and the caller then
-runs the full flow, which owns every other case: a placement
-unknown or too old, a node that did not answer lately, a failed transfer or call, a
-reply from another leader or with an error, an object moved, evicted or coming back
-from SSD, a bad checksum. So do objects over SYNC_MAX: their
-transfer is too long to wait for spinning, which on a small host takes the CPU the
-engine's threads need (1 MiB gets over the engine: 968-1507 µs p50 spinning, 540-751 µs
-through the flow, which polls in pieces and sleeps in between). A miss (the master
-holds no such key) is final here as there. Only the sync client takes this path; the
-async one always runs the flow (its event loop, not the flow, is what a call costs
+confirm the placement, verify the checksum. Anything out of the ordinary ends it with
+SLOW, after the transfer it started is over, and the caller then runs the full flow,
+which owns every other case: a placement unknown or too old, a node that did not answer
+lately, a failed transfer or call, a reply from another leader or with an error, an
+object moved, evicted or coming back from SSD, a bad checksum. So do objects over
+SYNC_MAX: their transfer is too long to wait for spinning, which on a small host takes
+the CPU the engine's threads need (1 MiB gets over the engine: 968-1507 µs p50 spinning,
+540-751 µs through the flow, which polls in pieces and sleeps in between). A miss (the
+master holds no such key) is final here as there. Only the sync client takes this path;
+the async one always runs the flow (its event loop, not the flow, is what a call costs
 there).
 
 No lease. The question is GetReplicas with `unpinned`: the master pins nothing and
