@@ -4,6 +4,7 @@ asks where they are, and still returns only what the master's answer vouches for
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 
 import numpy as np
@@ -93,8 +94,11 @@ def test_single_gets_are_read_early_without_the_flow(cluster: Cluster, same_host
             return real_run(flow)  # type: ignore[arg-type]
 
         monkeypatch.setattr(a, "_run", counted)
+        granted = _leases_granted(cluster)
         assert [a.get(k) for k in keys] == values
         assert flows_run == [] and a.stats.early_reads == 3
+        # Asked unpinned: the master granted no lease for them (none to release).
+        assert _leases_granted(cluster) == granted and cluster.status().active_leases == 0
         b.remove_many(keys[:2], force=True)
         new0 = rng.randbytes(SIZE)
         b.put(keys[0], new0)
@@ -105,3 +109,7 @@ def test_single_gets_are_read_early_without_the_flow(cluster: Cluster, same_host
         assert a.get_into([keys[0]], [buf]) == [None] and buf.tobytes() == new0
         assert len(flows_run) == 1 and a.stats.corrupt_reads == 0
         assert a.stats.early_reads == 3 + 1 + 1
+
+
+def _leases_granted(cluster: Cluster) -> int:
+    return int(json.loads(cluster.status().counters_json)["leases_granted"])
