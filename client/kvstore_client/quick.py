@@ -159,21 +159,14 @@ def _await(st: ClientState, control: Any, asked: Any, tid: int, target: tuple[st
     """Spin on the engine transfer and on the reply to `asked` (see the module doc) until
     the reply is there, or the transfer is over and SPIN_AFTER has passed since. Whether
     the transfer landed; None while it is still moving (then `_landed` waits for it)."""
-    status = st.transfer.status
     ready = control.ready
     monotonic = time.monotonic
-    deadline = monotonic() + st.transfer.batch_timeout + size * 1e-9
+    deadline = _deadline(st, size)
     landed: bool | None = None
     give_up = 0.0
     while True:
         if landed is None:
-            s = status(tid)
-            if s == 1:
-                st.saw_answer(target)
-                landed = True
-            elif s < 0:
-                st.saw_failure(target)
-                landed = False
+            landed = _polled(st, tid, target)
             if landed is not None:
                 give_up = monotonic() + SPIN_AFTER
         if ready(asked):
@@ -191,13 +184,29 @@ def _landed(st: ClientState, tid: int, target: tuple[str, str], size: int) -> bo
     """Wait for one engine transfer, spinning (it is short, and was started before the
     ask); whether it landed. A node that failed it or ran out the client's timeout is no
     longer taken as answering, as in the flow."""
-    status = st.transfer.status
-    deadline = time.monotonic() + st.transfer.batch_timeout + size * 1e-9
+    deadline = _deadline(st, size)
     while True:
-        s = status(tid)
-        if s == 1:
-            st.saw_answer(target)
-            return True
-        if s < 0 or time.monotonic() > deadline:
+        landed = _polled(st, tid, target)
+        if landed is not None:
+            return landed
+        if time.monotonic() > deadline:
             st.saw_failure(target)
             return False
+
+
+def _polled(st: ClientState, tid: int, target: tuple[str, str]) -> bool | None:
+    """One look at an engine transfer: True landed, False failed (either recorded against
+    the node, as in the flow), None still moving."""
+    s = st.transfer.status(tid)
+    if s == 1:
+        st.saw_answer(target)
+        return True
+    if s < 0:
+        st.saw_failure(target)
+        return False
+    return None
+
+
+def _deadline(st: ClientState, size: int) -> float:
+    """When a wait for one transfer of `size` bytes started now gives up."""
+    return time.monotonic() + st.transfer.batch_timeout + size * 1e-9
