@@ -17,10 +17,13 @@ from tests.conftest import Cluster
 
 SIZE = 200_000
 
+# The reader's data and control paths: over the engine, same-host, engine with gRPC control.
+EVERY_PATH = pytest.mark.parametrize(("same_host", "transport"),
+                                     [(False, "fast"), (True, "fast"), (False, "grpc")],
+                                     ids=["engine", "same-host", "engine-grpc"])
 
-@pytest.mark.parametrize(("same_host", "transport"),
-                         [(False, "fast"), (True, "fast"), (False, "grpc")],
-                         ids=["engine", "same-host", "engine-grpc"])
+
+@EVERY_PATH
 def test_early_reads_return_the_current_object_or_a_miss(cluster: Cluster, same_host: bool,
                                                           transport: str) -> None:
     rng = random.Random(7)
@@ -74,9 +77,7 @@ def test_async_early_reads_match_the_sync_client(cluster: Cluster) -> None:
     assert early == 5 + 1
 
 
-@pytest.mark.parametrize(("same_host", "transport"),
-                         [(False, "fast"), (True, "fast"), (False, "grpc")],
-                         ids=["engine", "same-host", "engine-grpc"])
+@EVERY_PATH
 def test_single_gets_are_read_early_without_the_flow(cluster: Cluster, same_host: bool,
                                                      transport: str,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
