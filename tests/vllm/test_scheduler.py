@@ -161,7 +161,10 @@ def test_partial_hit_stops_at_the_hole(store: Cluster, make: Any) -> None:
 
 
 def test_store_down_means_misses_and_the_request_runs(make: Any) -> None:
-    sched = make(etcd="127.0.0.1:1")  # nothing listens there
+    # Nothing listens there. The link stays down far longer than the test runs: with the
+    # fixture's 2 s, the window opened by the engine start-up's failed connect could close
+    # between the two schedules below, and the second one then waited for a new attempt.
+    sched = make(etcd="127.0.0.1:1", retry_interval=60.0)
     req = make_request(_tokens(6, 3 * BLOCK + 4))
     sched.add_request(req)
     t = time.monotonic()
