@@ -176,7 +176,12 @@ def test_store_down_means_misses_and_the_request_runs(make: Any) -> None:
     # a second over a schedule that sent nothing.)
     sent: list[Any] = []
     submit = link.submit
-    link.submit = lambda op: sent.append(op) or submit(op)  # type: ignore[method-assign]
+
+    def counted(op: Any) -> Any:
+        sent.append(op)
+        return submit(op)
+
+    link.submit = counted  # type: ignore[method-assign]
     req2 = make_request(_tokens(7, 2 * BLOCK + 4))
     sched.add_request(req2)
     out2 = sched.schedule()
