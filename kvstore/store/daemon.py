@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import socket
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -60,6 +61,7 @@ class StoreOptions:
     ssd_dir: str = ""  # no SSD tier unless set
     ssd: int = 0  # SSD tier cap in bytes on disk
     ssd_fsync: bool = True
+    prefault: bool = True  # reserve and map the DRAM segment at start (see segment.py)
     security: DaemonSecurity | None = None
 
 
@@ -103,7 +105,14 @@ class StoreDaemon:
         await self.etcd.connect()
         if self.opts.ssd_dir:
             self._open_ssd()
-        self.segment = DramSegment(self.opts.dram, name=f"kvstore-{self.node_id}")
+        started = time.monotonic()
+        self.segment = DramSegment(self.opts.dram, name=f"kvstore-{self.node_id}",
+                                   prefault=self.opts.prefault)
+        if self.opts.prefault:
+            log.info("node %s: %d-byte DRAM segment reserved%s in %.2f s", self.node_id,
+                     self.segment.size, "" if self.segment.prefaulted else
+                     " (this kernel cannot map it ahead: pages map at first write)",
+                     time.monotonic() - started)
         self.transfer = Transfer(self.opts.host, self.opts.protocol, self.opts.device)
         self.transfer.register(self.segment.base_addr, self.segment.size)
         log.info("node %s: %d-byte segment registered as %s", self.node_id, self.segment.size,

@@ -80,3 +80,28 @@ def test_unknown_etcd_and_master_down(cluster_factory: Cluster) -> None:
         cluster_factory.masters[0][0].kill()
         with pytest.raises(Unavailable):
             client.get(b"a")
+
+
+def _shmem_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssShmem:"):
+                return int(line.split()[1])
+    raise AssertionError("no RssShmem line")
+
+
+def test_a_store_node_reserves_its_dram_at_start_unless_told_not_to(
+        cluster_factory: Cluster) -> None:
+    cluster_factory.start_master()
+    eager = cluster_factory.start_store("96MiB")
+    lazy = cluster_factory.start_store("96MiB", "--no-prefault")
+    cluster_factory.wait_nodes(2)
+    # Mounted means the segment is there: every page of it resident in the eager node,
+    # next to none in the lazy one until bytes are written.
+    assert _shmem_kib(eager.popen.pid) >= 96 << 10
+    assert _shmem_kib(lazy.popen.pid) < 8 << 10
+    assert "DRAM segment reserved" in eager.log.read_text()
+    with KVStoreClient(etcd=cluster_factory.etcd, same_host=False) as client:
+        keys = [b"r%d" % i for i in range(8)]
+        assert client.put_many(keys, [bytes([i]) * (1 << 20) for i in range(8)]) == [None] * 8
+        assert client.get_many(keys) == [bytes([i]) * (1 << 20) for i in range(8)]
