@@ -28,11 +28,18 @@ def _resident_kib(base: int) -> int:
     raise AssertionError(f"no mapping starts at {base:#x}")
 
 
+def _kernel() -> tuple[int, int]:
+    major, minor = os.uname().release.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
 def test_a_prefaulted_segment_is_resident_before_any_write() -> None:
     s = DramSegment(SIZE)
     try:
-        assert s.prefaulted
-        assert _resident_kib(s.base_addr) == SIZE >> 10
+        # MADV_POPULATE_WRITE came with Linux 5.14; before it the pages are only allocated.
+        assert s.prefaulted == (_kernel() >= (5, 14))
+        if s.prefaulted:
+            assert _resident_kib(s.base_addr) == SIZE >> 10
         # And its pages are the memfd's, shared with a same-host client's mapping.
         assert os.fstat(s.fd).st_blocks * 512 >= SIZE
     finally:
@@ -92,7 +99,8 @@ def test_shared_memory_without_fallocate_falls_back_to_pages_at_first_touch(
     monkeypatch.setattr(seg_mod.os, "posix_fallocate", unsupported)
     s = DramSegment(SIZE)
     try:
-        assert s.prefaulted  # populating allocates the pages itself
-        assert _resident_kib(s.base_addr) == SIZE >> 10
+        assert s.prefaulted == (_kernel() >= (5, 14))  # populating allocates the pages itself
+        if s.prefaulted:
+            assert _resident_kib(s.base_addr) == SIZE >> 10
     finally:
         s.close()
