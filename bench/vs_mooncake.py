@@ -2,7 +2,7 @@
 
     python -m bench.vs_mooncake [--sizes 64KiB,1MiB,4MiB] [--iters 200] [--batch 32]
                                 [--rounds 0] [--turns 4] [--quick] [--json out.json] [--plot out.png]
-                                [--runs 1] [--phases] [--profile DIR] [--no-mooncake]
+                                [--runs 1] [--phases] [--profile DIR] [--no-mooncake] [--no-warm]
 
 Re-executes itself in a private network namespace (loopback only; needs root). Both
 systems are started, then measured in turn, one object size at a time, in --turns turns
@@ -39,6 +39,13 @@ fresh keys), and the throughput of batches of --batch objects (put then get; GB/
 Objects are removed between phases so neither store nears its eviction watermark. Both
 transports are TCP over loopback, both store nodes DRAM. Our figures include the
 checksum our client computes on every put and verifies on every get.
+
+Before measuring, each client writes WARM_SHARE of its store's DRAM in batches of the
+largest size and removes it again (--no-warm skips this), so that both are measured on
+memory that has been written once: a new store node maps its segment's pages at first
+write unless it reserved them at start (ours does, Mooncake's does not), and which
+system pays those page faults during the measurement would otherwise depend on where
+its allocator places objects, not on its data path.
 """
 
 from __future__ import annotations
@@ -78,6 +85,9 @@ TE, SHM, MC = "kvstore-te", "kvstore-shm", "mooncake"
 # Objects alive in the store at once, per phase; far below either system's eviction mark.
 LIVE_BYTES = 512 << 20
 AUTO_ROUND_BYTES = 256 << 20
+# Of each store's DRAM, what the warm-up writes (and removes): below both systems'
+# eviction watermark (0.9 by default for each).
+WARM_SHARE = 0.8
 
 
 # -- the operations measured, per system and API ------------------------------------------
@@ -405,6 +415,21 @@ def _check(data: Any, value: bytes, what: str) -> None:
                            f"({'none' if data is None else len(data)} bytes)")
 
 
+def warm(api: Api, total: int, size: int, batch: int) -> float:
+    """Write `total` bytes of `size`-byte objects through `api` in batches, all alive at
+    once, then remove them: the pages under them have been written once. Seconds taken."""
+    api.prepare(os.urandom(size))
+    t0 = time.perf_counter()
+    written: list[list[str]] = []
+    for r in range(total // (size * batch)):
+        keys = [f"warm-{r}-{i}" for i in range(batch)]
+        api.put_many(keys)
+        written.append(keys)
+    for keys in written:
+        api.remove(keys)
+    return time.perf_counter() - t0
+
+
 def measure(api: Api, size: int, iters: int, batch: int, rounds: int, tag: str) -> dict[str, Any]:
     value = os.urandom(size)
     api.prepare(value)
@@ -614,6 +639,12 @@ def run_worker(args: argparse.Namespace) -> int:
         print(READY, flush=True)
         for line in sys.stdin:
             ask = json.loads(line)
+            if "warm" in ask:
+                # Over the engine, like Mooncake's: through the node's own data path.
+                api = next((a for a in apis if a.api == "r" and a.system != SHM), apis[0])
+                took = warm(api, int(ask["warm"]), max_size, args.batch)
+                print(RESULT + json.dumps({"seconds": took}), flush=True)
+                continue
             size, turn, turns = int(ask["size"]), int(ask["turn"]), int(ask["turns"])
             if profiler:
                 profiler.enable()
@@ -661,6 +692,13 @@ class Worker:
         self._log.flush()
         raise RuntimeError(f"benchmark client {self.name} exited with {self.proc.wait()}\n"
                            f"{log_tail(self.log)}")
+
+    def warm(self, total: int) -> float:
+        """Have the client write `total` bytes and remove them again (see `warm`)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"warm": total}) + "\n")
+        self.proc.stdin.flush()
+        return float(json.loads(self._read_until(RESULT))["seconds"])
 
     def measure(self, size: int, turn: int, turns: int) -> list[dict[str, Any]]:
         assert self.proc.stdin is not None
@@ -983,6 +1021,11 @@ def measure_both(args: argparse.Namespace, sizes: list[int], dram: int,
                                         {"master": mc.master, "metadata": mc.metadata},
                                         tmp / "mooncake.json"),
                 tmp / "client-mooncake.log"))))
+        if not args.no_warm:
+            total = int(dram * WARM_SHARE)
+            took = ", ".join(f"{w.name} {w.warm(total):.1f} s" for w in workers)
+            print(f"warm-up: each client wrote {format_size(total)} and removed it ({took})",
+                  flush=True)
         print(f"both systems up; measuring them in turn, one size at a time, in "
               f"{args.turns} turns each ...", flush=True)
         k = 0
@@ -1098,6 +1141,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-one-call-puts", action="store_true",
                    help="our client starts no space ahead (reserve_bytes=0): every put is "
                         "PutStart, transfer, PutEnd")
+    p.add_argument("--no-warm", action="store_true",
+                   help="measure without writing each store's memory through first (see "
+                        "WARM_SHARE): first-touch page faults then count where they fall")
     p.add_argument("--keep-logs", action="store_true", help="keep the temporary log directory")
     # Internal: the client process.
     p.add_argument("--worker", choices=["ours", "mooncake"], help=argparse.SUPPRESS)

@@ -88,3 +88,29 @@ def test_turns_pool_their_samples_into_one_result() -> None:
     assert te["phases"]["batch get"]["transfer wait"] == pytest.approx((0.5 + 4.0) / 3)
     (b,) = [m for m in merged if m["api"] == "b"]
     assert b is other  # a single turn stays as it was
+
+
+# -- the warm-up: each store's memory written once, then emptied --------------------------------
+
+
+def test_warm_writes_the_share_all_alive_at_once_then_removes_it() -> None:
+    class Recorder(vs_mooncake.Api):
+        def __init__(self) -> None:
+            self.alive: set[str] = set()
+            self.peak = 0
+            self.sizes: list[int] = []
+
+        def put_many(self, keys: list[str]) -> None:
+            self.sizes.append(len(self.value) * len(keys))
+            self.alive.update(keys)
+            self.peak = max(self.peak, len(self.alive))
+
+        def remove(self, keys: list[str]) -> None:
+            assert set(keys) <= self.alive
+            self.alive.difference_update(keys)
+
+    api = Recorder()
+    vs_mooncake.warm(api, total=10 * 4 * 1024 + 1000, size=1024, batch=4)
+    assert api.sizes == [4 * 1024] * 10  # whole batches of the given size, up to the total
+    assert api.peak == 40  # everything written was alive at once: 40 distinct ranges
+    assert api.alive == set()  # and all of it removed again
