@@ -26,6 +26,7 @@ import random
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -64,7 +65,7 @@ def _client(etcd: str, seed: int, seconds: float, out: mp.Queue) -> None:  # typ
     rng = random.Random(seed)
     fixed = seed % 2 == 1  # same-sized values: one control call per put after the second
     ops = wrong = 0
-    errors: dict[str, int] = {}
+    errors: Counter[str] = Counter()
     deadline = time.monotonic() + seconds
     with KVStoreClient(etcd=etcd, timeout=10) as c:
         buf = np.zeros(16 * 65536, dtype=np.uint8)
@@ -77,7 +78,7 @@ def _client(etcd: str, seed: int, seconds: float, out: mp.Queue) -> None:  # typ
             try:
                 for e in c.put_many(keys, vals):  # per key: a failed put is an error too
                     if e is not None:
-                        errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
+                        errors[type(e).__name__] += 1
                 with c.lookup(keys, ttl=5) as lease:
                     views = [buf[i * 65536:i * 65536 + len(v)] for i, v in enumerate(vals)]
                     errs = c.get_into(lease.keys, views[:lease.count], lease=lease)
@@ -91,9 +92,9 @@ def _client(etcd: str, seed: int, seconds: float, out: mp.Queue) -> None:  # typ
                     c.remove_many(keys[:4])
                 ops += 5
             except KVStoreError as exc:
-                errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+                errors[type(exc).__name__] += 1
         one_call = c.stats.one_call_puts
-    out.put((ops, wrong, errors, one_call))
+    out.put((ops, wrong, dict(errors), one_call))
 
 
 def _rss_mib(pid: int) -> float:
