@@ -9,6 +9,7 @@ start outside one, so nothing a test starts is ever reachable from another host.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import socket
@@ -25,6 +26,15 @@ import pytest
 from kvstore.devcluster import etcd_command, free_port, wait_for_port
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection imported (torch, vLLM, ...) lives as long as the session: keep it
+    out of the collector's full passes. With it, one pass takes ~0.3 s (580,000 objects
+    after importing vLLM) and lands inside whichever test is running, timed or not;
+    frozen, ~5 µs."""
+    gc.collect()
+    gc.freeze()
 
 
 def in_private_netns() -> bool:
