@@ -186,7 +186,8 @@ class GrpcControl:
         # grpc cancels a call whose future is garbage-collected: hold each until done.
         self._releasing: set[Any] = set()
 
-    def call(self, method: str, request: Any, timeout: float) -> Any:
+    def call(self, method: str, request: Any, timeout: float, spin: bool = True) -> Any:
+        # `spin` is the fast channel's (see FastControl); grpc waits on its own threads.
         try:
             return getattr(self._stub, method)(request, timeout=timeout, metadata=self._md)
         except grpc.RpcError as exc:
@@ -208,7 +209,7 @@ class GrpcControl:
         except grpc.RpcError as exc:
             raise Retry(f"{self.address}: {exc}") from exc
 
-    def answer(self, asked: Any, method: str) -> Any:
+    def answer(self, asked: Any, method: str, spin: bool = True) -> Any:
         try:
             return asked.result()
         except grpc.RpcError as exc:
@@ -239,8 +240,8 @@ class FastControl:
         self.channel = FastChannel(address, spin=reply_spin(),
                                    **_fast_args(address, tls, creds or Credentials()))
 
-    def call(self, method: str, request: Any, timeout: float) -> Any:
-        return self.answer(self.ask(method, request, timeout), method)
+    def call(self, method: str, request: Any, timeout: float, spin: bool = True) -> Any:
+        return self.answer(self.ask(method, request, timeout), method, spin)
 
     def ask(self, method: str, request: Any, timeout: float) -> Any:
         """Send the request and return at once; the value goes to `answer`."""
@@ -251,9 +252,10 @@ class FastControl:
         except OSError as exc:
             raise Retry(f"{self.address}: {_why(exc)}") from exc
 
-    def answer(self, asked: Any, method: str) -> Any:
+    def answer(self, asked: Any, method: str, spin: bool = True) -> Any:
+        """The reply; with `spin` False (engine transfers are moving), never polled for."""
         try:
-            return self.channel.answer(asked)
+            return self.channel.answer(asked, spin)
         except OSError as exc:
             raise Retry(f"{self.address}: {_why(exc)}") from exc
 

@@ -11,7 +11,9 @@ zero-timeout select, which lets go of the GIL) for up to that many seconds: on a
 wake-up of a thread asleep in recv, on a vCPU that may have been halted meanwhile, costs
 tens of µs, more than a fast master takes to answer. One small call measured on 2 vCPUs,
 6 rounds of 500 each way, alternating: 44-114 µs p50 asleep (four rounds of six near 90),
-48-59 µs polling.
+48-59 µs polling. A caller whose engine transfers are moving meanwhile asks for a reply
+with `spin=False`: the polling would take the CPU the engine's threads need to move the
+bytes (see the client's driver).
 
 Any failure of the connection (refused, reset, closed, timed out) closes the socket and
 raises OSError; the next call connects again. What to do about it (retry, look up the
@@ -139,13 +141,13 @@ class FastChannel:
         if reply.error.code:
             raise error_for(reply.error.code, reply.error.message)
 
-    def call(self, method: str, request: Message, timeout: float) -> Message:
+    def call(self, method: str, request: Message, timeout: float, spin: bool = True) -> Message:
         """Send `request` to `method` and return its reply message.
 
         Raises OSError (TimeoutError included) when the connection fails or `timeout`
         seconds pass, and the typed KVStoreError of a REPLY_ERROR frame.
         """
-        return self.answer(self.ask(method, request, timeout))
+        return self.answer(self.ask(method, request, timeout), spin)
 
     def ask(self, method: str, request: Message, timeout: float) -> Asked:
         """The first half of `call`: send the request and return at once, so the caller
@@ -167,13 +169,14 @@ class FastChannel:
             raise
         return Asked(spec.response, request_id, deadline, sock)
 
-    def answer(self, asked: Asked) -> Message:
-        """The reply to what `ask` sent (same errors as `call`)."""
+    def answer(self, asked: Asked, spin: bool = True) -> Message:
+        """The reply to what `ask` sent (same errors as `call`); with `spin` False, waited
+        for asleep at once, never polled for (see the module doc)."""
         if asked.sock is not self._sock:
             raise ConnectionResetError(f"the connection to {self.address} closed before "
                                        "the reply came")
         try:
-            tag, body = self._reply(asked.sock, asked.request_id, asked.deadline)
+            tag, body = self._reply(asked.sock, asked.request_id, asked.deadline, spin)
         except BaseException:
             self.close()  # a half-read reply would poison the next call
             raise
@@ -202,10 +205,11 @@ class FastChannel:
             return False
         return True
 
-    def _reply(self, sock: socket.socket, request_id: int, deadline: float) -> tuple[int, bytes]:
+    def _reply(self, sock: socket.socket, request_id: int, deadline: float,
+               spin: bool = True) -> tuple[int, bytes]:
         data, self._rest = self._rest, b""
         while len(data) < HEADER_SIZE:
-            data += self._more(sock, deadline)
+            data += self._more(sock, deadline, spin)
         length, rid, tag = HEADER.unpack_from(data)
         if rid != request_id or tag not in (REPLY_OK, REPLY_ERROR) or length > self.max_frame:
             raise ProtocolViolation(
@@ -231,8 +235,8 @@ class FastChannel:
             return tag, data[HEADER_SIZE:end]
         return tag, data[HEADER_SIZE:]
 
-    def _more(self, sock: socket.socket, deadline: float) -> bytes:
-        if self.spin > 0:
+    def _more(self, sock: socket.socket, deadline: float, spin: bool = True) -> bytes:
+        if spin and self.spin > 0:
             _poll(sock, min(deadline, time.monotonic() + self.spin))
         sock.settimeout(self._left(deadline))
         chunk = sock.recv(_RECV)

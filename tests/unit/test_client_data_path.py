@@ -254,7 +254,7 @@ class Rig:
                                  self.local, "writer-1", 0)  # type: ignore[arg-type]
         self.client = KVStoreClient.__new__(KVStoreClient)
         self.client._state = self.state
-        self.client._call = self.master.call  # type: ignore[method-assign]
+        self.client._call = self.call  # type: ignore[method-assign]
         self.client._ask = self.ask  # type: ignore[method-assign]
         self.client._answer = self.answer  # type: ignore[method-assign]
         self.client._release_async = self.master.release  # type: ignore[method-assign]
@@ -262,14 +262,22 @@ class Rig:
         self.client._control = None
         self.client._later = None
 
+        # Per control reply waited for: (method or "answer", whether it may be polled for).
+        self.spins: list[tuple[str, bool]] = []
+
+    def call(self, method: str, request: Any, spin: bool = True) -> Any:
+        self.spins.append((method, spin))
+        return self.master.call(method, request)
+
     # The master answers when asked (as a real one does when the request arrives); the
     # client reads the reply later.
     def ask(self, method: str, request: Any) -> Any:
         self.trace.append(("ask", method))
         return self.master.call(method, request)
 
-    def answer(self, reply: Any) -> Any:
+    def answer(self, reply: Any, spin: bool = True) -> Any:
         self.trace.append(("answer",))
+        self.spins.append(("answer", spin))
         return reply
 
     def rpcs(self) -> list[str]:
@@ -300,8 +308,10 @@ class FakeControl:
 
     def __init__(self, master: Any) -> None:
         self.master = master
+        self.spins: list[tuple[str, bool]] = []  # per reply waited for: may it be polled for?
 
-    def call(self, method: str, request: Any, timeout: float) -> Any:
+    def call(self, method: str, request: Any, timeout: float, spin: bool = True) -> Any:
+        self.spins.append((method, spin))
         return self.master.call(method, request)
 
     def ask(self, method: str, request: Any, timeout: float) -> Any:
@@ -311,7 +321,8 @@ class FakeControl:
         except Unavailable as exc:
             return exc
 
-    def answer(self, asked: Any, method: str) -> Any:
+    def answer(self, asked: Any, method: str, spin: bool = True) -> Any:
+        self.spins.append((method, spin))
         if isinstance(asked, Unavailable):
             raise asked
         return asked
@@ -424,6 +435,48 @@ def test_large_batch_round_trip_is_pipelined(rig: Rig) -> None:
     assert [e[0] for e in rig.trace[-4:]] == ["release"] * 4
     assert rig.master.moving_at_release == [0] * 4 and not rig.transfer.moving
     assert rig.client.stats.hits == n and rig.transfer.blocking_calls == 0
+
+
+def test_replies_are_waited_for_asleep_while_transfers_move(rig: Rig) -> None:
+    n, size = 8, 8 * KiB  # 4 pipelined groups, as above
+    keys = [f"k{i}".encode() for i in range(n)]
+    values = _values(n, size)
+    src, dst = _buffers(rig, values, size)
+    assert rig.client.put_from(keys, _slices(src, n, size)) == [None] * n
+    # Only the first PutStart (nothing moving yet) and the last PutEnd (everything in)
+    # may poll for their replies; the others wait while a group's bytes move.
+    assert rig.spins == [("PutStart", True), ("PutStart", False), ("PutEnd", False),
+                         ("PutStart", False), ("PutEnd", False), ("PutStart", False),
+                         ("PutEnd", False), ("PutEnd", True)]
+    rig.spins.clear()
+    # Gets in groups: each group's GetReplicas but the first goes while a group moves.
+    assert rig.client.get_into(keys, _slices(dst, n, size)) == [None] * n
+    assert dst.tobytes() == b"".join(values)
+    assert rig.spins == [("GetReplicas", True)] + [("GetReplicas", False)] * 3
+
+
+def test_the_driver_hands_the_wait_to_the_control_channel(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    small_thresholds(monkeypatch)
+    d = DriverRig()
+    n, size = 8, 8 * KiB
+    keys = [f"k{i}".encode() for i in range(n)]
+    values = _values(n, size)
+    src, _ = _buffers(d, values, size)
+    assert d.client.put_from(keys, _slices(src, n, size)) == [None] * n
+    control: Any = d.client._control
+    assert control.spins == [("PutStart", True), ("PutStart", False), ("PutEnd", False),
+                             ("PutStart", False), ("PutEnd", False), ("PutStart", False),
+                             ("PutEnd", False), ("PutEnd", True)]
+
+
+def test_an_early_read_waits_for_its_answer_asleep(rig: Rig) -> None:
+    keys, values, _, dst = _put_small(rig)
+    rig.spins.clear()
+    assert rig.client.get_into(keys, _slices(dst, 3, SMALL)) == [None] * 3
+    assert dst.tobytes() == b"".join(values)
+    assert rig.client.stats.early_reads == 3
+    assert rig.spins == [("answer", False)]  # the reads were moving when it was read
 
 
 def test_pieces_landing_in_any_order_are_each_verified(rig: Rig) -> None:

@@ -420,6 +420,15 @@ def test_a_spinning_channel_polls_for_the_reply_then_sleeps(
         polls.clear()
         assert list(spinning.call("Exists", pb.KeysRequest(keys=[b"s"]), 5).exists) == [True]  # type: ignore[attr-defined]
         assert polls  # a prompt reply: found by the poll
+        # A caller whose transfers are moving asks with spin=False: never polled for.
+        gate.clear()
+        polls.clear()
+        threading.Timer(0.05, gate.set).start()
+        asked = spinning.ask("Exists", pb.KeysRequest(keys=[b"s"]), 5)
+        assert list(spinning.answer(asked, spin=False).exists) == [True]  # type: ignore[attr-defined]
+        assert list(spinning.call("Exists", pb.KeysRequest(keys=[b"s"]), 5,
+                                  spin=False).exists) == [True]  # type: ignore[attr-defined]
+        assert polls == []
         quiet.close()
         spinning.close()
     finally:
