@@ -693,18 +693,19 @@ class Worker:
         raise RuntimeError(f"benchmark client {self.name} exited with {self.proc.wait()}\n"
                            f"{log_tail(self.log)}")
 
+    def _ask(self, ask: dict[str, Any]) -> Any:
+        """Send the client one request (a JSON line) and return its result."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(ask) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self._read_until(RESULT))
+
     def warm(self, total: int) -> float:
         """Have the client write `total` bytes and remove them again (see `warm`)."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"warm": total}) + "\n")
-        self.proc.stdin.flush()
-        return float(json.loads(self._read_until(RESULT))["seconds"])
+        return float(self._ask({"warm": total})["seconds"])
 
     def measure(self, size: int, turn: int, turns: int) -> list[dict[str, Any]]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"size": size, "turn": turn, "turns": turns}) + "\n")
-        self.proc.stdin.flush()
-        result: list[dict[str, Any]] = json.loads(self._read_until(RESULT))
+        result: list[dict[str, Any]] = self._ask({"size": size, "turn": turn, "turns": turns})
         return result
 
     def close(self) -> None:
