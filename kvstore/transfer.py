@@ -36,6 +36,15 @@ TIMEOUT_ENV = "MC_TRANSFER_TIMEOUT"
 # cut link) or the caller's tensor. Dropping the connection first ends them for good.
 LIVENESS_ENV = ("MC_TCP_PROGRESS_TIMEOUT_SEC", "MC_TCP_STATUS_TIMEOUT_SEC")
 BATCH_SLACK = 2  # s: how much later than the liveness deadline a batch times out
+# Without this, the engine's TCP transport opens a connection for every transfer and
+# closes it when the transfer is over: a 32-object batch in 512 KiB pieces leaves 64
+# sockets in TIME_WAIT on the client, a single get one more. Between two hosts (where
+# Linux does not reuse TIME_WAIT ports for new connections) a busy client runs out of
+# ephemeral ports within minutes (28,000 ports over 60 s of TIME_WAIT: ~470 transfers a
+# second). With the pool, each peer gets a few long-lived connections ("lanes") and
+# transfers queue for them. Read when the engine is constructed; the operator's value
+# (0 turns it off) wins.
+POOL_ENV = "MC_TCP_ENABLE_CONNECTION_POOL"
 _env_lock = threading.Lock()
 _liveness_set: dict[str, int] = {}  # the liveness values we set (not the operator)
 
@@ -77,6 +86,9 @@ class Transfer:
             raise InvalidArgument(f"unknown transfer protocol {protocol!r}; use one of {PROTOCOLS}")
         with _env_lock:
             given = os.environ.get(TIMEOUT_ENV)
+            pool_given = POOL_ENV in os.environ
+            if not pool_given:
+                os.environ[POOL_ENV] = "1"
             if timeout is not None:
                 seconds = max(1, math.ceil(timeout))
                 _set_liveness(seconds)
@@ -88,6 +100,8 @@ class Transfer:
             finally:
                 if given is None:
                     os.environ.pop(TIMEOUT_ENV, None)
+                if not pool_given:
+                    os.environ.pop(POOL_ENV, None)
         if rc != 0:
             raise Unavailable(
                 f"the Transfer Engine failed to start ({protocol} on {host}, rc={rc}); "

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from kvstore.transfer import POOL_ENV
 from kvstore_client import InvalidArgument, KVStoreClient, StoreFull, Unavailable
 from tests.conftest import Cluster
 
@@ -80,6 +81,38 @@ def test_unknown_etcd_and_master_down(cluster_factory: Cluster) -> None:
         cluster_factory.masters[0][0].kill()
         with pytest.raises(Unavailable):
             client.get(b"a")
+
+
+def _time_wait() -> int:
+    """TCP sockets in TIME_WAIT in this network namespace (the test's own)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            count += sum(1 for line in list(f)[1:] if line.split()[3] == "06")
+    return count
+
+
+@pytest.mark.parametrize("pool", ["default", "0"])
+def test_engine_transfers_reuse_their_connections_unless_the_operator_says_not_to(
+        cluster: Cluster, pool: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each transfer on a fresh connection would leave a socket in TIME_WAIT: between hosts
+    # a busy client then runs out of ports (see kvstore/transfer.py, POOL_ENV).
+    if pool != "default":
+        monkeypatch.setenv(POOL_ENV, pool)
+    with KVStoreClient(etcd=cluster.etcd, same_host=False) as client:
+        keys = [b"c%d" % i for i in range(16)]
+        values = [bytes([i]) * (1 << 20) for i in range(16)]
+        assert client.put_many(keys, values) == [None] * 16
+        before = _time_wait()
+        for _ in range(3):
+            for key, value in zip(keys, values, strict=True):
+                assert client.get(key) == value
+            assert client.get_many(keys) == values
+        grown = _time_wait() - before
+    if pool == "default":
+        assert grown < 10
+    else:
+        assert grown >= 48  # one per transfer at least: the engine's own behaviour
 
 
 def _shmem_kib(pid: int) -> int:

@@ -14,14 +14,16 @@ import pytest
 
 import kvstore.transfer
 from kvstore.errors import Unavailable
-from kvstore.transfer import LIVENESS_ENV, TIMEOUT_ENV, Transfer
+from kvstore.transfer import LIVENESS_ENV, POOL_ENV, TIMEOUT_ENV, Transfer
 
 
 class FakeEngine:
     seen: list[str | None] = []
+    pool: list[str | None] = []  # the connection-pool setting at each construction
 
     def __init__(self) -> None:
         FakeEngine.seen.append(os.environ.get(TIMEOUT_ENV))
+        FakeEngine.pool.append(os.environ.get(POOL_ENV))
 
     def initialize(self, *args: Any) -> int:
         FakeEngine.seen.append(os.environ.get(TIMEOUT_ENV))
@@ -35,9 +37,10 @@ class FakeEngine:
 def fake_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kvstore.transfer, "_engine_class", lambda: FakeEngine)
     monkeypatch.setattr(kvstore.transfer, "_liveness_set", {})
-    for name in (TIMEOUT_ENV, *LIVENESS_ENV):
+    for name in (TIMEOUT_ENV, POOL_ENV, *LIVENESS_ENV):
         monkeypatch.delenv(name, raising=False)
     FakeEngine.seen = []
+    FakeEngine.pool = []
 
 
 def test_the_timeout_reaches_the_engine_in_whole_seconds() -> None:
@@ -66,6 +69,17 @@ def test_an_operator_setting_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     assert FakeEngine.seen == ["60", "60"]
     assert os.environ[TIMEOUT_ENV] == "60"
     assert os.environ[LIVENESS_ENV[0]] == "40" and os.environ[LIVENESS_ENV[1]] == "5"
+
+
+def test_the_engine_reuses_connections_unless_the_operator_says_not_to(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    Transfer()
+    assert FakeEngine.pool == ["1"]
+    assert POOL_ENV not in os.environ  # read at construction only; not leaked to others
+    monkeypatch.setenv(POOL_ENV, "0")
+    Transfer(timeout=3)
+    assert FakeEngine.pool == ["1", "0"]
+    assert os.environ[POOL_ENV] == "0"
 
 
 class SlowPeerEngine(FakeEngine):
