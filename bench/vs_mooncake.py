@@ -1145,6 +1145,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-warm", action="store_true",
                    help="measure without writing each store's memory through first (see "
                         "WARM_SHARE): first-touch page faults then count where they fall")
+    p.add_argument("--mooncake-pool", action="store_true",
+                   help="Mooncake's engine reuses its TCP connections too "
+                        "(MC_TCP_ENABLE_CONNECTION_POOL=1, as ours does by default; Mooncake's "
+                        "default opens one per transfer)")
     p.add_argument("--keep-logs", action="store_true", help="keep the temporary log directory")
     # Internal: the client process.
     p.add_argument("--worker", choices=["ours", "mooncake"], help=argparse.SUPPRESS)
@@ -1165,6 +1169,10 @@ def main(argv: list[str] | None = None) -> int:
     from bench.netns import ensure_private_netns
 
     ensure_private_netns(MODULE)
+    if args.mooncake_pool:
+        from bench.clusters import MOONCAKE_ENV
+
+        MOONCAKE_ENV["MC_TCP_ENABLE_CONNECTION_POOL"] = "1"  # its node and its client
     if args.profile:
         args.profile = str(Path(args.profile).resolve())
         Path(args.profile).mkdir(parents=True, exist_ok=True)
