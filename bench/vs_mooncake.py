@@ -35,7 +35,7 @@ A latency row's p99 comes from the API chosen by its p50.
 
 Per object size: single put and single get latency (p50/p99 over --iters operations,
 fresh keys), and the throughput of batches of --batch objects (put then get; GB/s =
-10^9 bytes/s over the summed call times of --rounds batches; 0 picks ~256 MiB worth).
+10^9 bytes/s over the summed call times of --rounds batches; 0 picks ~1 GiB worth).
 Objects are removed between phases so neither store nears its eviction watermark. Both
 transports are TCP over loopback, both store nodes DRAM. Our figures include the
 checksum our client computes on every put and verifies on every get.
@@ -84,7 +84,11 @@ MODULE = "bench.vs_mooncake"
 TE, SHM, MC = "kvstore-te", "kvstore-shm", "mooncake"
 # Objects alive in the store at once, per phase; far below either system's eviction mark.
 LIVE_BYTES = 512 << 20
-AUTO_ROUND_BYTES = 256 << 20
+# Batch calls per size and direction (--rounds 0; at least 5, at most 200). At 256 MiB a
+# 1 MiB x32 figure rested on 8 calls (~130 ms of transfers), so one stall of the VM moved
+# a ratio by 10% or more; at 1 GiB it is 32 calls (4 MiB: 8, 64 KiB: 200), ~5 s more per
+# run.
+AUTO_ROUND_BYTES = 1 << 30
 # Of each store's DRAM, what the warm-up writes (and removes): below both systems'
 # eviction watermark (0.9 by default for each).
 WARM_SHARE = 0.8
@@ -1122,7 +1126,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "on both)")
     p.add_argument("--batch", type=int, default=32, help="objects per batch call")
     p.add_argument("--rounds", type=int, default=0,
-                   help="batch calls per size and direction (0: ~256 MiB worth, 5..200)")
+                   help="batch calls per size and direction (0: ~1 GiB worth, 5..200)")
     p.add_argument("--dram", default="2GiB", help="store-node DRAM, both systems")
     p.add_argument("--runs", type=int, default=1,
                    help="measure this many times (fresh processes each) and also print the "
