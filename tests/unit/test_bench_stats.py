@@ -142,9 +142,11 @@ def test_vs_mooncake_chunks_and_rounds() -> None:
         [0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     assert next(iter(vs_mooncake.chunks(items, vs_mooncake.LIVE_BYTES * 2))) == [0]
     assert vs_mooncake.auto_rounds(3, 1 << 20, 32) == 3
-    assert vs_mooncake.auto_rounds(0, 4 << 20, 32) == 5
-    assert vs_mooncake.auto_rounds(0, 64 << 10, 32) == 128
-    assert vs_mooncake.auto_rounds(0, 1 << 10, 32) == 200
+    # ~1 GiB of calls per size and direction, at least 5, at most 200
+    assert vs_mooncake.auto_rounds(0, 1 << 20, 32) == 32
+    assert vs_mooncake.auto_rounds(0, 4 << 20, 32) == 8
+    assert vs_mooncake.auto_rounds(0, 16 << 20, 32) == 5
+    assert vs_mooncake.auto_rounds(0, 64 << 10, 32) == 200
 
 
 def test_master_ops_merge_spans_all_clients() -> None:
