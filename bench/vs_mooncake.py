@@ -221,14 +221,14 @@ class Phases:
     def install(self, client: Any) -> None:
         from kvstore_client import flows
 
-        self.wrap(client, "_call", lambda method, _req: f"rpc {method}")
+        self.wrap(client, "_call", lambda method, *_: f"rpc {method}")
         # A call asked while bytes move (early reads): sending, and reading the reply.
-        self.wrap(client, "_ask", lambda method, _req: f"ask {method}")
-        self.wrap(client, "_answer", lambda asked: f"answer {asked.method}")
+        self.wrap(client, "_ask", lambda method, *_: f"ask {method}")
+        self.wrap(client, "_answer", lambda asked, *_: f"answer {asked.method}")
         self.wrap(client, "_release_async", "release (one-way)")
         # Puts into space started ahead: the refill is sent after a commit and its reply
         # read before the next put (see kvstore_client/reservations.py).
-        self.wrap(client, "_send_later", lambda method, _req, _then: f"later {method} send")
+        self.wrap(client, "_send_later", lambda method, *_: f"later {method} send")
         self.wrap(client, "_settle_later", "later: read reply")
         with contextlib.suppress(ImportError):  # a client without the quick single get
             from kvstore_client import quick
