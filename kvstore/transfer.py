@@ -39,11 +39,11 @@ BATCH_SLACK = 2  # s: how much later than the liveness deadline a batch times ou
 # Without this, the engine's TCP transport opens a connection for every transfer and
 # closes it when the transfer is over: a 32-object batch in 512 KiB pieces leaves 64
 # sockets in TIME_WAIT on the client, a single get one more. Between two hosts (where
-# Linux does not reuse TIME_WAIT ports for new connections) a busy client runs out of
-# ephemeral ports within minutes (28,000 ports over 60 s of TIME_WAIT: ~470 transfers a
-# second). With the pool, each peer gets a few long-lived connections ("lanes") and
-# transfers queue for them. Read when the engine is constructed; the operator's value
-# (0 turns it off) wins.
+# Linux does not reuse TIME_WAIT ports for new connections) a client moving more than
+# ~470 transfers a second to one store node runs out of ephemeral ports (~28,000 of
+# them, 60 s of TIME_WAIT each). With the pool, each peer gets a few long-lived
+# connections ("lanes") and transfers queue for them. Read when the engine is
+# constructed; the operator's value (0 turns it off) wins.
 POOL_ENV = "MC_TCP_ENABLE_CONNECTION_POOL"
 _env_lock = threading.Lock()
 _liveness_set: dict[str, int] = {}  # the liveness values we set (not the operator)
