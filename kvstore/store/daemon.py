@@ -43,6 +43,7 @@ from kvstore.v1 import master_pb2_grpc as pbg
 from kvstore.v1 import store_pb2_grpc as spbg
 
 log = logging.getLogger(__name__)
+PREFAULT_PROGRESS = 10.0  # s between progress lines while the DRAM segment is reserved
 
 
 @dataclass
@@ -106,12 +107,15 @@ class StoreDaemon:
         if self.opts.ssd_dir:
             self._open_ssd()
         started = time.monotonic()
+        self.segment = DramSegment(self.opts.dram, name=f"kvstore-{self.node_id}",
+                                   prefault=False)
         if self.opts.prefault:
             log.info("node %s: reserving its %d-byte DRAM segment before it joins (about "
                      "0.5 s per GiB)", self.node_id, self.opts.dram)
-        self.segment = DramSegment(self.opts.dram, name=f"kvstore-{self.node_id}",
-                                   prefault=self.opts.prefault)
-        if self.opts.prefault:
+            if not await self._prefault(started):
+                log.info("node %s: stopped while reserving its DRAM segment", self.node_id)
+                self.segment.close()
+                return 0
             log.info("node %s: %d-byte DRAM segment reserved%s in %.2f s", self.node_id,
                      self.segment.size, "" if self.segment.prefaulted else
                      " (this kernel cannot map it ahead: pages map at first write)",
@@ -137,6 +141,24 @@ class StoreDaemon:
                 await task
         await self._leave()
         return 0
+
+    async def _prefault(self, started: float) -> bool:
+        """Reserve the segment a step at a time (~0.5 s each), letting the loop run in
+        between: a SIGTERM during a reservation of hundreds of GiB (minutes) is honoured
+        within a step or two, and progress is logged every PREFAULT_PROGRESS seconds.
+        False if told to stop before it was done."""
+        assert self.segment is not None
+        last = started
+        for done in self.segment.prefault_steps():
+            await asyncio.sleep(0)  # the signal handlers run here
+            if self._stop.is_set():
+                return False
+            now = time.monotonic()
+            if now - last >= PREFAULT_PROGRESS and done < self.segment.size:
+                log.info("node %s: %d of %d bytes of its DRAM segment reserved", self.node_id,
+                         done, self.segment.size)
+                last = now
+        return True
 
     def reload_access(self) -> None:
         """SIGHUP: read the access file again (e.g. a rotated node token)."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import signal
+import time
 
 import pytest
 
@@ -81,6 +83,25 @@ def test_unknown_etcd_and_master_down(cluster_factory: Cluster) -> None:
         cluster_factory.masters[0][0].kill()
         with pytest.raises(Unavailable):
             client.get(b"a")
+
+
+def test_a_store_node_stops_promptly_while_it_reserves_its_dram(cluster_factory: Cluster) -> None:
+    # Reserving takes ~0.5 s per GiB: minutes for a large node, which must still stop on
+    # SIGTERM (systemd and Kubernetes kill what does not stop in time).
+    cluster_factory.start_master()
+    node = cluster_factory.start_store("3GiB")
+    deadline = time.monotonic() + 30
+    while "reserving its" not in node.log.read_text():
+        assert node.alive() and time.monotonic() < deadline, node.log.read_text()[-2000:]
+        time.sleep(0.005)
+    sent = time.monotonic()
+    node.popen.send_signal(signal.SIGTERM)
+    assert node.popen.wait(timeout=30) == 0
+    took = time.monotonic() - sent
+    log = node.log.read_text()
+    assert "stopped while reserving its DRAM segment" in log, log[-2000:]
+    assert "DRAM segment reserved" not in log
+    assert took < 5.0, took  # a step or two of 1 GiB, not the rest of the reservation
 
 
 def _time_wait() -> int:

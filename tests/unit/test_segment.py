@@ -104,3 +104,40 @@ def test_shared_memory_without_fallocate_falls_back_to_pages_at_first_touch(
             assert _resident_kib(s.base_addr) == SIZE >> 10
     finally:
         s.close()
+
+
+def test_prefault_in_steps_reports_progress_and_reserves_step_by_step() -> None:
+    s = DramSegment(SIZE, prefault=False)
+    try:
+        steps = s.prefault_steps(step=2 << 20)
+        assert next(steps) == 2 << 20
+        # One step in: that much allocated (and mapped), not the rest.
+        assert 2 << 20 <= os.fstat(s.fd).st_blocks * 512 < SIZE
+        if _kernel() >= (5, 14):
+            assert _resident_kib(s.base_addr) == 2 << 10
+        assert not s.prefaulted
+        assert list(steps) == [4 << 20, 6 << 20, 8 << 20]
+        assert s.prefaulted == (_kernel() >= (5, 14))
+        assert os.fstat(s.fd).st_blocks * 512 >= SIZE
+    finally:
+        s.close()
+        s.close()  # twice is harmless
+
+
+def test_the_last_step_takes_what_is_left() -> None:
+    s = DramSegment(SIZE + 4096, prefault=False)
+    try:
+        assert list(s.prefault_steps(step=3 << 20)) == [3 << 20, 6 << 20, SIZE + 4096]
+        assert os.fstat(s.fd).st_blocks * 512 >= SIZE + 4096
+    finally:
+        s.close()
+
+
+def test_prefault_steps_must_be_whole_pages() -> None:
+    s = DramSegment(SIZE, prefault=False)
+    try:
+        for bad in (0, -4096, 4096 + 1):
+            with pytest.raises(ValueError, match="multiple of the page size"):
+                next(s.prefault_steps(step=bad))
+    finally:
+        s.close()
