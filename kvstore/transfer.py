@@ -86,22 +86,22 @@ class Transfer:
             raise InvalidArgument(f"unknown transfer protocol {protocol!r}; use one of {PROTOCOLS}")
         with _env_lock:
             given = os.environ.get(TIMEOUT_ENV)
-            pool_given = POOL_ENV in os.environ
-            if not pool_given:
-                os.environ[POOL_ENV] = "1"
+            # Read by the engine only while it is constructed: set for that moment where
+            # the operator did not set them, and not left for other engines to find.
+            defaults = {POOL_ENV: "1"}
             if timeout is not None:
                 seconds = max(1, math.ceil(timeout))
                 _set_liveness(seconds)
-                if given is None:
-                    os.environ[TIMEOUT_ENV] = str(seconds + BATCH_SLACK)
+                defaults[TIMEOUT_ENV] = str(seconds + BATCH_SLACK)
+            ours = [name for name in defaults if name not in os.environ]
+            for name in ours:
+                os.environ[name] = defaults[name]
             try:
                 self._engine = _engine_class()()
                 rc = self._engine.initialize(host, "P2PHANDSHAKE", protocol, device)
             finally:
-                if given is None:
-                    os.environ.pop(TIMEOUT_ENV, None)
-                if not pool_given:
-                    os.environ.pop(POOL_ENV, None)
+                for name in ours:
+                    os.environ.pop(name, None)
         if rc != 0:
             raise Unavailable(
                 f"the Transfer Engine failed to start ({protocol} on {host}, rc={rc}); "
