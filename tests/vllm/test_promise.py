@@ -115,8 +115,8 @@ class _FakeStore:
         if keep_first is None:
             self.released.append(lease.id)
 
-    def remove(self, keys: Any) -> None:
-        return None
+    def remove(self, keys: Any) -> int:
+        return len(keys)
 
 
 def test_lease_released_after_every_worker_reported() -> None:

@@ -8,6 +8,7 @@ released (the master's `active_leases` returns to 0) whatever happens next.
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,49 @@ def test_lookup_allocation_metadata_then_release(store: Cluster, make: Any) -> N
     summary = KVStoreConnector.build_kv_connector_stats(data).reduce()
     assert summary["hit_tokens"] == 2 * BLOCK and summary["hit_blocks"] == 2
     assert summary["lookup_count"] == 1 and summary["lookup_to_resume_count"] == 1
+
+
+def test_corrupt_objects_are_gone_before_the_recompute_is_planned(store: Cluster,
+                                                                 make: Any) -> None:
+    # The workers skip saving a block the store still holds (an `exists` check at the
+    # start of the step), so a removal that lands after the recompute's step began
+    # leaves the block missing for good. The removal must be done when vLLM hears of
+    # the failure, even while the link's thread is slow with an earlier call.
+    sched = make()
+    req = make_request(_tokens(9, 3 * BLOCK + 5))
+    _fill(store, sched, req, [0, 1])
+    side = _connector(sched).scheduler_side
+    assert side is not None
+    bad = side.keys.keys([bytes(req.block_hashes[1])])
+    sched.add_request(req)
+    out = sched.schedule()
+    (load,) = out.kv_connector_metadata.plan.loads
+    table = sched.kv_cache_manager.get_block_ids(req.request_id)[0]
+
+    gate = threading.Event()
+
+    async def slow(_client: Any) -> None:
+        gate.wait(5.0)
+
+    busy = _connector(sched).store.link.submit(slow)
+    timer = threading.Timer(0.5, gate.set)
+    timer.start()
+    with KVStoreClient(etcd=store.etcd) as c:
+        report = LoadReport(req.request_id, load.lease_id, failed_block_ids=[table[1]],
+                            corrupt_keys=bad)
+        try:
+            engine_out = sched.update_from_output(out, runner_output(
+                [req], worker_meta=KVStoreWorkerMetadata({req.request_id: report}),
+                invalid_block_ids={table[1]}))
+            assert c.exists(bad) == [False] * len(bad)
+        finally:
+            gate.set()
+            timer.cancel()
+            busy.result(5.0)
+        assert c.exists(side.keys.keys([bytes(req.block_hashes[0])])) == [True] * len(bad)
+    assert _leases(store, sched) == 0
+    data = next(iter(engine_out.values())).scheduler_stats.kv_connector_stats
+    assert KVStoreConnector.build_kv_connector_stats(data).reduce()["corrupt_removed"] == len(bad)
 
 
 def test_fully_stored_prompt_still_computes_its_last_token(store: Cluster, make: Any) -> None:

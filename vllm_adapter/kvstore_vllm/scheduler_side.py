@@ -17,7 +17,8 @@ Life of one request here:
    for saving.
 4. `on_reports` (update_connector_output): once every worker has reported a load,
    its lease is released and the request's timeline is complete. Objects that read
-   back corrupt are removed after the release, so the recompute stores them anew.
+   back corrupt are removed after the release, before this returns: vLLM schedules
+   the recompute next, and its save must find them gone to store them anew.
 5. `finished` (request_finished): whatever lease the request still holds is released.
 
 No I/O happens here except through the `Store` given to the constructor, so the
@@ -57,7 +58,10 @@ class Store(Protocol):
 
     def release(self, lease: Lease, keep_first: int | None = None) -> None: ...
 
-    def remove(self, keys: Sequence[bytes]) -> None: ...
+    def remove(self, keys: Sequence[bytes]) -> int:
+        """Remove now (after earlier releases); how many were removed. A key another
+        lease still pins stays."""
+        ...
 
 
 @dataclass
@@ -280,8 +284,13 @@ class SchedulerSide:
                 st.loading_lease = 0
             if got.corrupt_keys:
                 try:
-                    self.store.remove(got.corrupt_keys)
-                    add_counter(self.stats, "corrupt_removed", len(got.corrupt_keys))
+                    removed = self.store.remove(got.corrupt_keys)
+                    add_counter(self.stats, "corrupt_removed", removed)
+                    if removed < len(got.corrupt_keys):
+                        # Pinned by another request's lease: that load finds it corrupt
+                        # too, and removes it after its own release.
+                        log.debug("%d of %d corrupt objects not removed (pinned or gone)",
+                                  len(got.corrupt_keys) - removed, len(got.corrupt_keys))
                 except KVStoreError as exc:
                     log.debug("removing corrupt objects failed: %s", exc)
             if got.failed_block_ids:

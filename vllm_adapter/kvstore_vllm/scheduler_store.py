@@ -1,9 +1,13 @@
 """The scheduler side's store calls, over a StoreLink.
 
-A lookup waits (vLLM needs the hit count now); releases and removals do not: they run
-on the link's thread, one after the other in the order they were asked for (a removal
-of corrupt objects must follow the release of the lease pinning them), while the
-scheduler goes on. A lost release only means the lease runs out its TTL.
+A lookup waits (vLLM needs the hit count now). Releases do not: they run on the link's
+thread, one after the other in the order they were asked for, while the scheduler goes
+on; a lost release only means the lease runs out its TTL.
+
+A removal of corrupt objects waits, after the releases asked for before it (the lease
+pinning an object keeps it from being removed). It is rare, and it must be done before
+vLLM schedules the recompute: the workers skip saving a block the store still holds, so
+a removal that landed after their check would leave the block missing.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-from kvstore.errors import KVStoreError
+from kvstore.errors import Code, KVStoreError
 from kvstore_client import AsyncKVStoreClient, Lease
 from kvstore_vllm.link import StoreLink
 
@@ -36,19 +40,20 @@ class LinkStore:
 
         self._background(op)
 
-    def remove(self, keys: Sequence[bytes]) -> None:
-        async def op(client: AsyncKVStoreClient) -> None:
-            await client.remove_many(keys)
+    def remove(self, keys: Sequence[bytes]) -> int:
+        prev = self._last
 
-        self._background(op)
+        async def op(client: AsyncKVStoreClient) -> int:
+            await _after(prev)
+            return sum(code == Code.OK for code in await client.remove_many(keys))
+
+        return self.link.call(op)
 
     def _background(self, op: Callable[[AsyncKVStoreClient], Awaitable[None]]) -> None:
         prev = self._last
 
         async def in_order(client: AsyncKVStoreClient) -> None:
-            if prev is not None and not prev.done():
-                with contextlib.suppress(Exception):
-                    await asyncio.wrap_future(prev)
+            await _after(prev)
             await op(client)
 
         try:
@@ -70,3 +75,10 @@ class LinkStore:
     def flush(self, timeout: float = 10.0) -> None:
         """Wait for background releases and removals (tests and shutdown)."""
         concurrent.futures.wait(list(self._pending), timeout=timeout)
+
+
+async def _after(prev: concurrent.futures.Future[None] | None) -> None:
+    """Wait for an earlier background call, whatever its outcome."""
+    if prev is not None and not prev.done():
+        with contextlib.suppress(Exception):
+            await asyncio.wrap_future(prev)
