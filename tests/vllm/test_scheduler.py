@@ -159,6 +159,36 @@ def test_fully_stored_prompt_still_computes_its_last_token(store: Cluster, make:
     assert _leases(store, sched) == 0
 
 
+def test_shutdown_sends_the_releases_still_queued(store: Cluster, make: Any) -> None:
+    # Releases run in the background, one after the other; an engine that shuts down
+    # right after finishing requests must not close the client under the queued ones
+    # (they would be lost and the leases would pin their objects until the TTL).
+    sched = make()
+    conn = _connector(sched)
+    reqs = [make_request(_tokens(40 + i, 2 * BLOCK + 1)) for i in range(2)]
+    for req in reqs:
+        _fill(store, sched, req, [0, 1])
+        sched.add_request(req)
+        assert conn.get_num_new_matched_tokens(req, 0) == (2 * BLOCK, False)
+    assert int(store.status().active_leases) == 2
+
+    gate = threading.Event()
+
+    async def slow(_client: Any) -> None:
+        gate.wait(5.0)
+
+    conn.link.submit(slow)  # the link's thread is busy when the releases are asked for
+    timer = threading.Timer(0.5, gate.set)
+    timer.start()
+    try:
+        sched.finish_requests([r.request_id for r in reqs], _finished_status())
+        conn.shutdown()
+    finally:
+        gate.set()
+        timer.cancel()
+    assert int(store.status().active_leases) == 0
+
+
 def test_allocation_failure_then_retry_leaks_no_lease(store: Cluster, make: Any) -> None:
     sched = make(num_blocks=4)  # 3 usable blocks: a 7-block prompt cannot be admitted
     req = make_request(_tokens(3, 6 * BLOCK + 3))

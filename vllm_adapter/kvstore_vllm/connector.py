@@ -249,6 +249,11 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         return None if stats_empty(data) else KVStoreConnectorStats(data=data)
 
     def shutdown(self) -> None:
+        store = getattr(self, "store", None)
+        if isinstance(store, LinkStore):
+            # Releases still queued go out before the client closes: lost, they would pin
+            # their objects until the lease TTL ran out.
+            store.flush(timeout=self.settings.timeout * 2 + 1)
         link = getattr(self, "link", None)
         if link is not None:
             link.close()
