@@ -73,7 +73,7 @@ class LinkStore:
                 log.debug("kvstore background call failed: %s", exc)
 
     def flush(self, timeout: float = 10.0) -> None:
-        """Wait for background releases and removals (tests and shutdown)."""
+        """Wait for the background releases (tests and shutdown)."""
         concurrent.futures.wait(list(self._pending), timeout=timeout)
 
 
