@@ -8,8 +8,10 @@ released (the master's `active_leases` returns to 0) whatever happens next.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,26 @@ def _fill(cluster: Cluster, sched: Any, request: Any, blocks: list[int]) -> None
 def _leases(cluster: Cluster, sched: Any) -> int:
     _connector(sched).store.flush()
     return int(cluster.status().active_leases)
+
+
+@contextlib.contextmanager
+def _link_busy(conn: KVStoreConnector, seconds: float = 0.5) -> Iterator[None]:
+    """Hold the connector's link thread busy (as a slow call would) for `seconds` from
+    entry; on exit it is free again and the busy call is over."""
+    gate = threading.Event()
+
+    async def slow(_client: Any) -> None:
+        gate.wait(5.0)
+
+    busy = conn.link.submit(slow)
+    timer = threading.Timer(seconds, gate.set)
+    timer.start()
+    try:
+        yield
+    finally:
+        gate.set()
+        timer.cancel()
+        busy.result(5.0)
 
 
 def _tokens(seed: int, n: int) -> list[int]:
@@ -119,26 +141,14 @@ def test_corrupt_objects_are_gone_before_the_recompute_is_planned(store: Cluster
     (load,) = out.kv_connector_metadata.plan.loads
     table = sched.kv_cache_manager.get_block_ids(req.request_id)[0]
 
-    gate = threading.Event()
-
-    async def slow(_client: Any) -> None:
-        gate.wait(5.0)
-
-    busy = _connector(sched).store.link.submit(slow)
-    timer = threading.Timer(0.5, gate.set)
-    timer.start()
     with KVStoreClient(etcd=store.etcd) as c:
         report = LoadReport(req.request_id, load.lease_id, failed_block_ids=[table[1]],
                             corrupt_keys=bad)
-        try:
+        with _link_busy(_connector(sched)):
             engine_out = sched.update_from_output(out, runner_output(
                 [req], worker_meta=KVStoreWorkerMetadata({req.request_id: report}),
                 invalid_block_ids={table[1]}))
             assert c.exists(bad) == [False] * len(bad)
-        finally:
-            gate.set()
-            timer.cancel()
-            busy.result(5.0)
         assert c.exists(side.keys.keys([bytes(req.block_hashes[0])])) == [True] * len(bad)
     assert _leases(store, sched) == 0
     data = next(iter(engine_out.values())).scheduler_stats.kv_connector_stats
@@ -172,20 +182,9 @@ def test_shutdown_sends_the_releases_still_queued(store: Cluster, make: Any) -> 
         assert conn.get_num_new_matched_tokens(req, 0) == (2 * BLOCK, False)
     assert int(store.status().active_leases) == 2
 
-    gate = threading.Event()
-
-    async def slow(_client: Any) -> None:
-        gate.wait(5.0)
-
-    conn.link.submit(slow)  # the link's thread is busy when the releases are asked for
-    timer = threading.Timer(0.5, gate.set)
-    timer.start()
-    try:
+    with _link_busy(conn):  # when the releases are asked for
         sched.finish_requests([r.request_id for r in reqs], _finished_status())
         conn.shutdown()
-    finally:
-        gate.set()
-        timer.cancel()
     assert int(store.status().active_leases) == 0
 
 
