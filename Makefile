@@ -30,12 +30,14 @@ system-deps:
 
 # torch is installed first and alone, pinned, so that nothing later resolves a CUDA build.
 # vLLM (the CPU build) is installed for the connector's tests: see vllm_adapter/install_vllm.sh.
-$(STAMP): pyproject.toml vllm_adapter/install_vllm.sh
+$(STAMP): pyproject.toml vllm_adapter/install_vllm.sh sglang_adapter/install_sglang.sh lmcache_adapter/install_lmcache.sh
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[te,dev]'
 	sh vllm_adapter/install_vllm.sh $(PY)
+	sh sglang_adapter/install_sglang.sh $(PY)
+	sh lmcache_adapter/install_lmcache.sh $(PY)
 	touch $(STAMP)
 
 run: setup
@@ -51,7 +53,7 @@ soak: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy kvstore client/kvstore_client vllm_adapter/kvstore_vllm
+	$(VENV)/bin/mypy kvstore client/kvstore_client vllm_adapter/kvstore_vllm sglang_adapter/kvstore_sglang lmcache_adapter/kvstore_lmcache
 
 # The generated modules are committed inside the package (kvstore/v1/) and must equal
 # what this target produces; tests/unit/test_proto_generated.py checks it.

@@ -18,6 +18,7 @@ def test_ruff_clean() -> None:
 def test_mypy_clean() -> None:
     run = subprocess.run(
         [sys.executable, "-m", "mypy", "kvstore", "client/kvstore_client",
-         "vllm_adapter/kvstore_vllm"],
+         "vllm_adapter/kvstore_vllm", "sglang_adapter/kvstore_sglang",
+         "lmcache_adapter/kvstore_lmcache"],
         cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr

@@ -1,0 +1,1 @@
+"""kvstore's lmcache integration (see lmcache_adapter/README.md)."""

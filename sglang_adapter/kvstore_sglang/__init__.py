@@ -1,0 +1,1 @@
+"""kvstore's sglang integration (see sglang_adapter/README.md)."""
