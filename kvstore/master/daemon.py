@@ -22,7 +22,8 @@ from kvstore.coord.etcd import Etcd
 from kvstore.coord.layout import Layout, MasterRecord, NodeRecord
 from kvstore.errors import Code, InvalidArgument, KVStoreError
 from kvstore.master.core import CoreConfig, MasterCore, MonotonicClock, TierMove
-from kvstore.master.election import Election
+from kvstore.master.durability import Recorder, queue_changes
+from kvstore.master.election import RETRIED, RETRY_PAUSE, Election
 from kvstore.master.live_config import LiveConfig
 from kvstore.master.metrics import MasterMetrics
 from kvstore.master.nodes import NodeLinks
@@ -56,6 +57,8 @@ class MasterOptions:
     # The fast control channel (kvstore.rpc) HOST:PORT; "": --listen's host, a free port.
     fast_listen: str = ""
     security: DaemonSecurity | None = None
+    # s a write's reply waits for its store nodes to record it (see durability.py)
+    ack_timeout: float = 3.0
 
 
 class MasterDaemon:
@@ -74,6 +77,9 @@ class MasterDaemon:
         self.auth = Authenticator(self.security.access)
         self.service = MasterService(self.core, self.election, self.metrics, self.auth)
         self.links = NodeLinks(lambda: self.election.epoch, self.security)
+        self.recorder = Recorder(lambda: self.core.drain_replica_changes(), self.links,
+                                 opts.ack_timeout)
+        self.service.recorder = self.recorder.record
         self._fast: FastServer | None = None
         self.live_config = LiveConfig(self.etcd, self.layout)
         self._records: dict[str, NodeRecord] = {}
@@ -84,13 +90,16 @@ class MasterDaemon:
         self._stop = asyncio.Event()
 
     async def run(self) -> int:
-        """Serve until SIGTERM/SIGINT (exit 0) or until leadership is lost (exit 3)."""
+        """Serve until SIGTERM/SIGINT (exit 0). Neither a lost etcd lease nor etcd being
+        away ends the process: a master whose lease etcd says is gone stands by and
+        campaigns again, with a clean state (`_stand_by`)."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload_access)
         self.security.check_exposure(self.opts.listen, self.opts.fast_listen)
-        await self.etcd.connect()
+        if not await self._connect_etcd():
+            return 0
         self.server = grpc.aio.server(options=GRPC_OPTIONS)
         add_to_server(self.service, self.server)
         try:
@@ -105,7 +114,8 @@ class MasterDaemon:
         tls = self.security.server_tls
         fast = self._fast = FastServer(
             self.service.handle, tls=tls.ssl_context() if tls else None,
-            authenticate=self.auth.principal if self.auth.required else None)
+            authenticate=self.auth.principal if self.auth.required else None,
+            settle=self.service.settle)
         fast_listen = self.opts.fast_listen or join_address(split_address(self.opts.listen)[0], 0)
         try:
             fast_address = await fast.start(fast_listen)
@@ -120,26 +130,70 @@ class MasterDaemon:
                                 lambda: self.election.epoch)
         if self.opts.metrics_port:
             self.metrics.serve(self.opts.metrics_port, self.opts.metrics_host)
-        await self.election.register()
         log.info("master %s listening on %s (fast channel %s)", self.record.master_id,
                  self.opts.listen, fast_address)
-        campaign = asyncio.create_task(self.election.campaign(self._on_elected), name="campaign")
-        lost = asyncio.create_task(self.election.lost.wait(), name="lease-lost")
         stop = asyncio.create_task(self._stop.wait(), name="stop")
-        await asyncio.wait({lost, stop}, return_when=asyncio.FIRST_COMPLETED)
-        code = 3 if self.election.lost.is_set() and not self._stop.is_set() else 0
-        for task in (campaign, lost, stop, *self._tasks):
-            task.cancel()
-        for task in (campaign, lost, stop, *self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, KVStoreError):
-                await task
+        while not self._stop.is_set():
+            register = asyncio.create_task(self.election.register(), name="register")
+            await asyncio.wait({register, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if self._stop.is_set():
+                register.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await register
+                break
+            campaign = asyncio.create_task(self.election.campaign(self._on_elected),
+                                           name="campaign")
+            lost = asyncio.create_task(self.election.lost.wait(), name="lease-lost")
+            await asyncio.wait({lost, stop}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (campaign, lost):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, KVStoreError, *RETRIED):
+                    await task
+            if not self._stop.is_set():
+                await self._stand_by()
+        await self._end_term()
         await fast.close()
         await self.server.stop(grace=0.5)
         await self.election.resign()
         await self.links.close()
         await self.etcd.close()
-        log.info("master stopped (exit %d)", code)
-        return code
+        log.info("master stopped (exit 0)")
+        return 0
+
+    async def _connect_etcd(self) -> bool:
+        """Connect, waiting for etcd as long as it takes (False: told to stop first)."""
+        tries = 0
+        while not self._stop.is_set():
+            try:
+                await self.etcd.connect()
+                return True
+            except RETRIED as exc:
+                if tries % 10 == 0:
+                    log.warning("%s; retrying until it answers", getattr(exc, "message", exc))
+                tries += 1
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), RETRY_PAUSE * 2)
+        return False
+
+    async def _end_term(self) -> None:
+        """Stop what this master ran as leader (membership, ticks, moves)."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, KVStoreError, *RETRIED):
+                await task
+
+    async def _stand_by(self) -> None:
+        """etcd said our lease is gone: another master may lead now. Drop the term's
+        state (a new term rebuilds it from the store nodes) and campaign again."""
+        await self._end_term()
+        await self.links.close()
+        self._records.clear()
+        self.core = self.service.core = MasterCore(self.opts.core or CoreConfig(),
+                                                   MonotonicClock())
+        await self.election.reset()
+        log.warning("master %s: standing by; campaigning again", self.record.master_id)
 
     async def _on_elected(self, epoch: int) -> None:
         """Rebuild the index from the store nodes, then follow membership and tick.
@@ -217,18 +271,55 @@ class MasterDaemon:
         return adopted
 
     async def _follow_nodes(self, start_revision: int) -> None:
-        async for ev in self.etcd.watch_prefix(self.layout.nodes, start_revision):
-            if ev.kind == "put":
-                node_id = self._mount(ev.value)
-                if node_id is not None:
-                    await self._adopt(node_id)
-            else:
-                node_id = ev.key[len(self.layout.nodes):].decode(errors="replace")
-                gone = self.core.unmount_node(node_id)
-                self.links.drop_node(node_id)
-                self._records.pop(node_id, None)
-                log.warning("node %s is gone (etcd lease ended); %d objects went with it",
-                            node_id, len(gone))
+        """Mount and unmount nodes as etcd's membership changes, until cancelled. A
+        broken watch (etcd restarted, unreachable for a while) is followed by a fresh
+        read of the membership, reconciled with what is mounted, and a new watch."""
+        revision = start_revision
+        while True:
+            try:
+                async for ev in self.etcd.watch_prefix(self.layout.nodes, revision):
+                    revision = ev.mod_revision + 1
+                    await self._on_node_event(ev.kind, ev.key, ev.value, resync=False)
+            except RETRIED as exc:
+                log.warning("watching store nodes in etcd failed (%s); reading them again",
+                            exc)
+            await asyncio.sleep(RETRY_PAUSE)
+            try:
+                records, at = await self.etcd.get_prefix(self.layout.nodes)
+            except RETRIED:
+                continue
+            seen = {key: raw for key, raw in records}
+            for key, raw in seen.items():
+                await self._on_node_event("put", key, raw, resync=True)
+            for node_id in list(self._records):
+                if self.layout.node(node_id) not in seen:
+                    await self._on_node_event("delete", self.layout.node(node_id), b"",
+                                              resync=True)
+            revision = at + 1
+
+    async def _on_node_event(self, kind: str, key: bytes, value: bytes, resync: bool) -> None:
+        """One membership change; `resync`: from a fresh read, so a node whose record is
+        as mounted already is left as it is."""
+        if kind == "put":
+            known = self._records.get(key[len(self.layout.nodes):].decode(errors="replace"))
+            node_id = self._mount(value)
+            if node_id is not None and not (resync and known == self._records.get(node_id)):
+                await self._adopt(node_id)
+            return
+        node_id = key[len(self.layout.nodes):].decode(errors="replace")
+        gone = self.core.unmount_node(node_id)
+        self.links.drop_node(node_id)
+        self._records.pop(node_id, None)
+        log.warning("node %s is gone (etcd lease ended); %d objects went with it",
+                    node_id, len(gone))
+        if gone:
+            # A verified copy of a lost key may sit on another node's SSD (its data came
+            # back under another id, or it held a copy the index did not know of).
+            again = sum([await self._adopt(n) for n in list(self._records)
+                         if self._records[n].ssd_capacity])
+            if again:
+                log.info("%d object(s) of node %s adopted again from other nodes' SSDs",
+                         again, node_id)
 
     async def _mover_loop(self) -> None:
         """Carry out tier moves (demotions, promotions) as soon as the core asks."""
@@ -244,10 +335,7 @@ class MasterDaemon:
                 task.add_done_callback(self._inflight.discard)
 
     def _queue_deltas(self) -> None:
-        for c in self.core.drain_replica_changes():
-            self.links.queue(c.node_id, spb.Replica(
-                key=c.key, offset=c.offset, size=c.size, checksum=c.checksum,
-                tier=c.tier), c.added)
+        queue_changes(self.links, self.core.drain_replica_changes())
 
     async def _run_moves(self, node_id: str, moves: list[TierMove]) -> None:
         # Inventory changes made before these moves reach the node first (see flush_node).
@@ -270,16 +358,15 @@ class MasterDaemon:
                         ", ".join(f"{n} x {what}" for what, n in sorted(failed.items())))
 
     async def _tick_loop(self) -> None:
-        flush: asyncio.Task[None] | None = None
         while True:
             await asyncio.sleep(self.opts.tick_interval)
             try:
                 self.core.tick()
                 self.core.drain_events()
                 self._moves_wanted.set()  # eviction in tick() may have queued demotions
+                # Frees from the tick's evictions; each node's sender delivers them in
+                # the background, so a slow node never delays the tick.
                 self._queue_deltas()
-                # Deltas go out in the background: a slow node never delays the tick.
-                if flush is None or flush.done():
-                    flush = asyncio.create_task(self.links.flush())
+                self.links.flush()
             except Exception:  # the loop must survive a bug in one tick
                 log.exception("master tick failed")

@@ -6,8 +6,12 @@ revision is the leader *epoch*, which only grows across leaders, so replies carr
 let clients and store nodes reject an old leader. The others watch the key and try again
 when it disappears (the leader's lease lapsed or it resigned).
 
-A leader whose lease is lost steps down at once: `on_lost` fires, and the daemon stops
-serving (it exits, so that its supervisor restarts it as a standby with a clean state).
+A leader that cannot confirm its lease (etcd unreachable, or this process was paused
+past the lease's deadline) stops answering as leader at once, but does not give up:
+etcd keeps leases across its own restart and extends each by its TTL when it comes
+back, so the keepalive goes on trying and the leader resumes as soon as etcd confirms
+the lease. Only etcd's word that the lease is gone ends the leadership: `lost` is set,
+and the daemon becomes a standby in-process and campaigns again (`reset`).
 """
 
 from __future__ import annotations
@@ -18,10 +22,17 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+import grpc
+
 from kvstore.coord.etcd import Etcd
 from kvstore.coord.layout import Layout, MasterRecord
+from kvstore.errors import KVStoreError
 
 log = logging.getLogger(__name__)
+
+# What an unreachable or restarting etcd raises here; each is retried, never fatal.
+RETRIED = (KVStoreError, OSError, TimeoutError, grpc.aio.AioRpcError)
+RETRY_PAUSE = 0.5  # s between tries while etcd is away
 
 
 class Election:
@@ -44,12 +55,17 @@ class Election:
 
     @property
     def is_leader(self) -> bool:
+        """Elected, and the lease is known alive now (by our own clock's deadline)."""
         if not self._is_leader or self.lost.is_set():
             return False
-        if time.monotonic() >= self._lease_deadline:
-            self._on_lost()
-            return False
-        return True
+        return time.monotonic() < self._lease_deadline
+
+    @property
+    def suspended(self) -> bool:
+        """Elected, but the lease's deadline passed unconfirmed: not serving until etcd
+        answers (it resumes, or says the lease is gone and we stand by)."""
+        return self._is_leader and not self.lost.is_set() and \
+            time.monotonic() >= self._lease_deadline
 
     @property
     def epoch(self) -> int:
@@ -66,47 +82,94 @@ class Election:
 
     def _on_lost(self) -> None:
         if self._is_leader:
-            log.error("lost the etcd lease while leading (epoch %d): stepping down", self._epoch)
+            log.error("etcd says this master's lease is gone (epoch %d): stepping down to "
+                      "standby", self._epoch)
         self._is_leader = False
         self.lost.set()
 
     def _refreshed(self, loop_deadline: float) -> None:
         # keep_alive reports loop time; asyncio's default loop clock is time.monotonic.
+        if self.suspended:
+            log.warning("etcd confirmed this master's lease again: serving as leader "
+                        "(epoch %d)", self._epoch)
         self._lease_deadline = loop_deadline
 
+    async def reset(self) -> None:
+        """After the lease was lost: forget the old term, ready to register again."""
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._keepalive
+            self._keepalive = None
+        self._is_leader = False
+        self._elected_at = 0.0
+        self._leader_address = ""  # until the campaign reads who leads now
+        self.lease_id = 0
+        self.lost = asyncio.Event()
+
     async def register(self) -> None:
-        """Grant our lease, keep it alive and announce this master (leader or standby)."""
-        granted = time.monotonic()
-        self.lease_id = await self.etcd.grant(self.ttl)
+        """Grant our lease, keep it alive and announce this master (leader or standby).
+        While etcd is unreachable, keeps trying (a line in the log every few tries)."""
+        tries = 0
+        while True:
+            granted = time.monotonic()
+            try:
+                lease_id = await self.etcd.grant(self.ttl)
+                await self.etcd.put(self.layout.master(self.record.master_id),
+                                    self.record.encode(), lease=lease_id)
+                break
+            except RETRIED as exc:
+                if tries % 10 == 0:
+                    log.warning("cannot register this master in etcd at %s (%s); retrying",
+                                self.etcd.endpoint, exc)
+                tries += 1
+                await asyncio.sleep(RETRY_PAUSE)
+        self.lease_id = lease_id
         self._lease_deadline = granted + self.ttl
+        # confirm_loss: an unreachable etcd never ends the lease (see the module doc).
         self._keepalive = asyncio.create_task(
-            self.etcd.keep_alive(self.lease_id, self.ttl, self._on_lost, self._refreshed),
+            self.etcd.keep_alive(self.lease_id, self.ttl, self._on_lost, self._refreshed,
+                                 confirm_loss=True),
             name="master-lease",
         )
-        await self.etcd.put(self.layout.master(self.record.master_id), self.record.encode(),
-                            lease=self.lease_id)
 
     async def campaign(self, on_elected: Callable[[int], Awaitable[None]]) -> None:
         """Return once elected (after `on_elected(epoch)` ran), or when the lease is lost."""
         value = self.record.encode()
         while not self.lost.is_set():
-            revision = await self.etcd.create_if_absent(self.layout.leader, value, self.lease_id)
-            if revision is not None:
-                self._epoch = revision
-                self._leader_address = self.record.address
-                log.info("elected leader, epoch %d", revision)
-                await on_elected(revision)
-                self._is_leader = True
-                self._elected_at = time.monotonic()
-                return
-            current = await self.etcd.get_with_revision(self.layout.leader)
-            if current is None:
-                continue
-            raw, epoch = current
-            self._epoch = epoch
-            self._leader_address = MasterRecord.decode(raw).address
-            log.info("standby: leader is %s (epoch %d)", self._leader_address, epoch)
-            await self._wait_for_vacancy()
+            try:
+                won = await self._try_once(value)
+                if won is not None:
+                    await on_elected(won)
+                    self._is_leader = True
+                    self._elected_at = time.monotonic()
+                    return
+            except RETRIED as exc:
+                log.warning("campaign: etcd unreachable (%s); retrying", exc)
+                await asyncio.sleep(RETRY_PAUSE)
+
+    async def _try_once(self, value: bytes) -> int | None:
+        """One try: our epoch if we won; else None once the seat is free again."""
+        revision = await self.etcd.create_if_absent(self.layout.leader, value, self.lease_id)
+        if revision is not None:
+            self._epoch = revision
+            self._leader_address = self.record.address
+            log.info("elected leader, epoch %d", revision)
+            return revision
+        current = await self.etcd.get_with_revision(self.layout.leader)
+        if current is None:
+            return None
+        raw, epoch = current
+        holder = MasterRecord.decode(raw)
+        self._epoch = epoch
+        self._leader_address = holder.address
+        if holder.master_id == self.record.master_id:
+            # Ours already: a try whose rebuild failed (etcd went away meanwhile).
+            log.info("the leader key is this master's (epoch %d): taking the seat", epoch)
+            return epoch
+        log.info("standby: leader is %s (epoch %d)", self._leader_address, epoch)
+        await self._wait_for_vacancy()
+        return None
 
     async def _wait_for_vacancy(self) -> None:
         """Return once the leader key is gone (or our own lease is lost).

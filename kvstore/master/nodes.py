@@ -1,18 +1,25 @@
 """The leader's links to store nodes: inventory deltas out, inventories in.
 
-After each tick the leader sends every node the replicas committed on it and freed
-from it since the last flush, batched in one `Apply` per node. A new leader reads the
-nodes' inventories back to rebuild its index. Deltas to an unreachable node wait (up to
-a bound) and go with the next flush; the node's own etcd lease decides whether it is
-alive, not these calls.
+The leader sends every node the replicas committed on it and freed from it, batched in
+one `Apply` per node. A new leader reads the nodes' inventories back to rebuild its
+index, so a commit is durable once its node has applied it: the handlers of PutEnd,
+PutCommit and Remove hold their reply until then (see `record` and docs/durability.md).
+
+Each node has one sender task. It starts an `Apply` as soon as deltas wait and no
+`Apply` to that node is in flight, and takes everything queued meanwhile into the next
+one: under load, commits group themselves, one round trip per node per batch, and no
+timer stands between a commit and its delivery. Deltas to an unreachable node wait (up
+to a bound) and are sent again, in order, with backoff; the node's own etcd lease
+decides whether it is alive, not these calls.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import grpc
@@ -26,6 +33,17 @@ log = logging.getLogger(__name__)
 
 MAX_QUEUED = 200_000  # per node; past this the oldest deltas are dropped (a stale inventory
 # only costs hits after a failover, never correctness: reads verify checksums)
+APPLY_TIMEOUT = 5.0  # s for one Apply before it is retried
+RETRY_MAX = 1.0  # s, the longest pause between two tries of a failing node
+
+
+class Applied(enum.Enum):
+    """How a wait for a node's Apply ended."""
+
+    YES = "applied"  # the node holds the deltas: a new leader will find them
+    GONE = "gone"  # the node left or was lost: its replicas went with it
+    STALE = "stale"  # the node answered that a newer leader exists
+    LATE = "late"  # not applied within the wait (the node is slow or unreachable)
 
 
 @dataclass
@@ -35,9 +53,12 @@ class _Link:
     stub: spbg.StoreNodeStub
     add: list[spb.Replica] = field(default_factory=list)
     drop: list[spb.Replica] = field(default_factory=list)
-    # One Apply at a time per node, in order: flush_node() waits behind it.
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     tls: bool = False
+    queued: int = 0  # deltas ever queued for this node
+    applied: int = 0  # of those, how many the node has applied (in order)
+    waiters: list[tuple[int, asyncio.Future[Applied]]] = field(default_factory=list)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    sender: asyncio.Task[None] | None = None
 
 
 class NodeLinks:
@@ -47,6 +68,7 @@ class NodeLinks:
         self._links: dict[str, _Link] = {}
         self.deltas_sent = 0
         self.deltas_dropped = 0
+        self.applies = 0  # Apply calls that succeeded (deltas_sent / applies: the batching)
         self._closing: set[asyncio.Future[None]] = set()
 
     def set_node(self, node_id: str, address: str, tls: bool = False) -> None:
@@ -54,22 +76,29 @@ class NodeLinks:
         if link is not None and link.address == address and link.tls == tls:
             return
         if link is not None:
-            self._close_later(link)
+            self._retire(link, Applied.GONE)
         if not address:
             self._links.pop(node_id, None)
             return
         channel = self._security.channel(address, tls)
-        self._links[node_id] = _Link(address, channel, spbg.StoreNodeStub(channel), tls=tls)
+        link = _Link(address, channel, spbg.StoreNodeStub(channel), tls=tls)
+        link.sender = asyncio.ensure_future(self._send_loop(node_id, link))
+        self._links[node_id] = link
 
     def drop_node(self, node_id: str) -> None:
         link = self._links.pop(node_id, None)
         if link is not None:
-            self._close_later(link)
+            self._retire(link, Applied.GONE)
 
-    def _close_later(self, link: _Link) -> None:
+    def _retire(self, link: _Link, why: Applied) -> None:
+        if link.sender is not None:
+            link.sender.cancel()
+        self._wake_waiters(link, why, everyone=True)
         task = asyncio.ensure_future(link.channel.close())
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
+
+    # -- queueing and delivery ----------------------------------------------------------
 
     def queue(self, node_id: str, replica: spb.Replica, added: bool) -> None:
         link = self._links.get(node_id)
@@ -77,52 +106,108 @@ class NodeLinks:
             return
         target = link.add if added else link.drop
         target.append(replica)
+        link.queued += 1
         if len(target) > MAX_QUEUED:
             del target[: len(target) - MAX_QUEUED]
             self.deltas_dropped += 1
 
-    async def flush(self) -> None:
-        sends = []
-        for node_id, link in self._links.items():
-            if link.add or link.drop:
-                add, drop = link.add, link.drop
-                link.add, link.drop = [], []
-                sends.append(self._send(node_id, link, add, drop))
-        if sends:
-            await asyncio.gather(*sends)
+    def mark(self, node_id: str) -> tuple[_Link, int] | None:
+        """Where `node_id`'s queue ends now: `wait` returns once the node has applied up
+        to here. None if the leader has no link to it (no service address known)."""
+        link = self._links.get(node_id)
+        return None if link is None else (link, link.queued)
 
-    async def flush_node(self, node_id: str) -> None:
+    def kick(self, node_ids: Iterable[str] | None = None) -> None:
+        """Have the senders deliver what is queued (all nodes, or these), without waiting."""
+        links = (self._links.values() if node_ids is None
+                 else [self._links[n] for n in node_ids if n in self._links])
+        for link in links:
+            if link.applied < link.queued:
+                link.wake.set()
+
+    async def wait(self, mark: tuple[_Link, int], timeout: float) -> Applied:
+        """Wait until the node of `mark` applied everything queued up to it."""
+        link, seq = mark
+        if link.applied >= seq:
+            return Applied.YES
+        if link.sender is None or link.sender.done():
+            return Applied.GONE
+        future: asyncio.Future[Applied] = asyncio.get_running_loop().create_future()
+        link.waiters.append((seq, future))
+        link.wake.set()
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout)
+        except TimeoutError:
+            return Applied.LATE
+
+    def flush(self) -> None:
+        """Deliver everything queued, in the background (the tick's deltas)."""
+        self.kick()
+
+    async def flush_node(self, node_id: str, timeout: float = APPLY_TIMEOUT) -> None:
         """Deliver everything queued for one node, after any Apply already in flight.
 
         Tier moves call this first: a drop of a key's old SSD copy must reach the node
         before a new demotion of that key, or the node would delete the new copy."""
-        link = self._links.get(node_id)
-        if link is None:
-            return
-        add, drop = link.add, link.drop
-        link.add, link.drop = [], []
-        await self._send(node_id, link, add, drop)
+        mark = self.mark(node_id)
+        if mark is not None:
+            await self.wait(mark, timeout)
 
-    async def _send(self, node_id: str, link: _Link, add: list[spb.Replica],
-                    drop: list[spb.Replica]) -> None:
-        async with link.lock:
-            if add or drop:
-                await self._apply(node_id, link, add, drop)
+    async def _send_loop(self, node_id: str, link: _Link) -> None:
+        failures = 0
+        while True:
+            await link.wake.wait()
+            link.wake.clear()
+            while link.add or link.drop:
+                add, drop, upto = link.add, link.drop, link.queued
+                link.add, link.drop = [], []
+                outcome = await self._apply(node_id, link, add, drop)
+                if outcome is Applied.YES:
+                    failures = 0
+                    link.applied = upto
+                    self._wake_waiters(link, Applied.YES)
+                elif outcome is Applied.STALE:
+                    # A newer leader owns this node: nothing of ours will be applied.
+                    link.applied = upto
+                    self._wake_waiters(link, Applied.STALE)
+                else:
+                    # Sent again first, in order, with whatever was queued meanwhile.
+                    link.add[:0], link.drop[:0] = add, drop
+                    failures += 1
+                    await asyncio.sleep(min(RETRY_MAX, 0.05 * (2 ** min(failures, 5))))
+            # Waiters for deltas a trim dropped (MAX_QUEUED) would wait forever.
+            if link.applied < link.queued:
+                link.applied = link.queued
+                self._wake_waiters(link, Applied.YES)
+
+    @staticmethod
+    def _wake_waiters(link: _Link, how: Applied, everyone: bool = False) -> None:
+        keep = []
+        for seq, future in link.waiters:
+            if everyone or seq <= link.applied:
+                if not future.done():
+                    future.set_result(how)
+            else:
+                keep.append((seq, future))
+        link.waiters = keep
 
     async def _apply(self, node_id: str, link: _Link, add: list[spb.Replica],
-                     drop: list[spb.Replica]) -> None:
+                     drop: list[spb.Replica]) -> Applied:
         try:
             reply = await link.stub.Apply(spb.ApplyRequest(epoch=self._epoch(), add=add,
-                                                           drop=drop), timeout=5.0)
+                                                           drop=drop), timeout=APPLY_TIMEOUT)
         except grpc.aio.AioRpcError as exc:
             log.warning("inventory delta to node %s failed (%s); will retry", node_id,
                         exc.code().name)
-            link.add[:0], link.drop[:0] = add, drop
-            return
+            return Applied.LATE
         if reply.error.code == Code.NOT_LEADER:
             log.error("node %s says a newer leader exists: %s", node_id, reply.error.message)
-            return
+            return Applied.STALE
         self.deltas_sent += len(add) + len(drop)
+        self.applies += 1
+        return Applied.YES
+
+    # -- reads from nodes -----------------------------------------------------------------
 
     async def inventory(self, node_id: str, timeout: float = 10.0) -> list[spb.Replica] | None:
         link = self._links.get(node_id)
@@ -158,6 +243,9 @@ class NodeLinks:
 
     async def close(self) -> None:
         for link in self._links.values():
+            if link.sender is not None:
+                link.sender.cancel()
+            self._wake_waiters(link, Applied.GONE, everyone=True)
             with contextlib.suppress(Exception):
                 await link.channel.close()
         self._links.clear()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 import grpc
@@ -34,6 +34,8 @@ from kvstore.v1 import master_pb2_grpc as pbg
 log = logging.getLogger(__name__)
 
 Body = Callable[[Any], Message]
+# (method, reply) -> None if the reply may leave at once, else what to await first.
+Settle = Callable[[str, Any], "Awaitable[None] | None"]
 
 
 class Leadership(Protocol):
@@ -103,6 +105,9 @@ class MasterService(pbg.MasterServicer):
         # The caller of the call being handled. Bodies run one at a time on the event
         # loop thread, so a plain attribute is enough; handle() sets it for each call.
         self._caller: Principal = OPEN
+        # Set by the daemon (kvstore.master.durability): holds the replies of writes
+        # until the store nodes have recorded them. None: replies leave at once.
+        self.recorder: Settle | None = None
         bodies: dict[str, Body] = {
             "PutStart": self.put_start,
             "PutEnd": self.put_end,
@@ -153,6 +158,10 @@ class MasterService(pbg.MasterServicer):
                 caller.check(method)
                 self._caller = caller
             if not leadership.is_leader:
+                if getattr(leadership, "suspended", False):
+                    raise NotLeader(
+                        "the leader cannot confirm its etcd lease (is etcd reachable?); it "
+                        "accepts no calls until etcd answers: retry shortly")
                 raise NotLeader(
                     "this master is a standby; the leader is at "
                     f"{leadership.leader_address or 'an unknown address (election running)'}"
@@ -172,6 +181,20 @@ class MasterService(pbg.MasterServicer):
             self.metrics.rpc_errors.labels(method, Code.INTERNAL.name).inc()
         self._caller = OPEN
         latency.observe(time.perf_counter() - t0)
+        return reply
+
+    def settle(self, method: str, reply: Any) -> Awaitable[None] | None:
+        """What `reply` must wait for before it leaves (None: nothing). Both transports
+        call it right after `handle`, before the next call runs: the changes a write
+        made are then still the journal's newest."""
+        recorder = self.recorder
+        return None if recorder is None else recorder(method, reply)
+
+    async def _handle_settled(self, method: str, request: Any, context: Any) -> Any:
+        reply = self.handle(method, request, self.caller_of(context.invocation_metadata()))
+        wait = self.settle(method, reply)
+        if wait is not None:
+            await wait
         return reply
 
     def _keys(self, keys: Iterable[bytes]) -> list[bytes]:
@@ -405,16 +428,16 @@ class MasterService(pbg.MasterServicer):
         return self.handle("PutStart", request, self.caller_of(context.invocation_metadata()))
 
     async def PutEnd(self, request: pb.KeysRequest, context: Any) -> pb.CodesResponse:
-        return self.handle("PutEnd", request, self.caller_of(context.invocation_metadata()))
+        return await self._handle_settled("PutEnd", request, context)
 
     async def PutRevoke(self, request: pb.KeysRequest, context: Any) -> pb.CodesResponse:
         return self.handle("PutRevoke", request, self.caller_of(context.invocation_metadata()))
 
     async def PutCommit(self, request: pb.PutCommitRequest, context: Any) -> pb.CodesResponse:
-        return self.handle("PutCommit", request, self.caller_of(context.invocation_metadata()))
+        return await self._handle_settled("PutCommit", request, context)
 
     async def Remove(self, request: pb.RemoveRequest, context: Any) -> pb.CodesResponse:
-        return self.handle("Remove", request, self.caller_of(context.invocation_metadata()))
+        return await self._handle_settled("Remove", request, context)
 
     async def Exists(self, request: pb.KeysRequest, context: Any) -> pb.ExistsResponse:
         return self.handle("Exists", request, self.caller_of(context.invocation_metadata()))

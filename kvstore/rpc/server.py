@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from google.protobuf.message import DecodeError, Message
@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[str, Message, "Principal | KVStoreError"], Message]
 Authenticate = Callable[[str], Principal]  # token -> principal, or raises Unauthenticated
+# (method, reply) -> None if the reply may go at once, else what to await before it goes
+# (the master's writes wait for the store nodes to record them: see MasterService.settle).
+Settle = Callable[[str, Message], "Awaitable[None] | None"]
 
 _NOT_YET = Unauthenticated(
     "this master requires a token: the connection must call Authenticate first (the "
@@ -57,7 +60,7 @@ def _error_frame(request_id: int, code: Code, message: str) -> bytes:
 
 
 class _Connection(asyncio.Protocol):
-    __slots__ = ("_decoder", "_handle", "_server", "_transport", "caller", "peer")
+    __slots__ = ("_decoder", "_handle", "_held", "_server", "_transport", "caller", "peer")
 
     def __init__(self, server: FastServer) -> None:
         self._server = server
@@ -66,6 +69,9 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self.peer = "?"
         self.caller: Principal | KVStoreError = OPEN if server.authenticate is None else _NOT_YET
+        # The last reply that waits (see Settle): later replies go after it, since a
+        # client reads a connection's replies in the order it asked.
+        self._held: asyncio.Task[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
@@ -102,12 +108,42 @@ class _Connection(asyncio.Protocol):
         out: list[bytes] = []
         for request_id, tag, payload in frames:
             reply = self._dispatch(request_id, tag, payload)
-            if reply is not None:
+            if reply is None:
+                continue
+            if isinstance(reply, bytes) and self._held is None:
                 out.append(reply)
+                continue
+            if out:
+                transport.write(b"".join(out))
+                out = []
+            self._held = asyncio.ensure_future(self._send_later(self._held, reply))
         if out:
             transport.write(out[0] if len(out) == 1 else b"".join(out))
 
-    def _dispatch(self, request_id: int, tag: int, payload: bytes) -> bytes | None:
+    async def _send_later(self, before: asyncio.Task[None] | None,
+                          reply: bytes | tuple[Awaitable[None], int, Message]) -> None:
+        if before is not None:
+            with contextlib.suppress(Exception):
+                await before
+        if isinstance(reply, tuple):
+            wait, request_id, answer = reply
+            try:
+                await wait
+                frame = answer.SerializeToString()
+                frame = HEADER.pack(len(frame), request_id, REPLY_OK) + frame
+            except Exception:  # the wait sets errors on the reply; this is a bug
+                log.exception("fast channel: settling a reply failed")
+                frame = _error_frame(request_id, Code.INTERNAL, "the master failed to "
+                                     "record the change; see its log")
+        else:
+            frame = reply
+        if self._transport is not None:
+            self._transport.write(frame)
+        if self._held is asyncio.current_task():
+            self._held = None
+
+    def _dispatch(self, request_id: int, tag: int,
+                  payload: bytes) -> bytes | tuple[Awaitable[None], int, Message] | None:
         method: Method | None = BY_ID.get(tag)
         if method is None:
             code, message = Code.INVALID_ARGUMENT, (
@@ -125,6 +161,15 @@ class _Connection(asyncio.Protocol):
                     if method.name == "Authenticate" and not answer.error.code:  # type: ignore[attr-defined]
                         assert self._server.authenticate is not None
                         self.caller = self._server.authenticate(request.token)  # type: ignore[attr-defined]
+                    settle = self._server.settle
+                    wait = None if settle is None else settle(method.name, answer)
+                    if wait is not None:
+                        if request_id == ONE_WAY:  # nobody reads the reply: just let it run
+                            task = asyncio.ensure_future(wait)
+                            self._server.background.add(task)
+                            task.add_done_callback(self._server.background.discard)
+                            return None
+                        return wait, request_id, answer
                     reply = answer.SerializeToString()
                 except Exception:  # handle() maps every error; a bug must not kill the loop
                     log.exception("fast channel: %s failed", method.name)
@@ -143,8 +188,10 @@ class FastServer:
 
     def __init__(self, handle: Handler, *, max_frame: int = MAX_FRAME,
                  authenticate: Authenticate | None = None,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, settle: Settle | None = None) -> None:
         self.handle = handle
+        self.settle = settle
+        self.background: set[asyncio.Future[None]] = set()  # settles nobody waits for
         self.authenticate = authenticate  # None: no tokens, every connection is OPEN
         self.tls = tls
         self.max_frame = max_frame
