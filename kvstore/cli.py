@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvstore import admin
-from kvstore.errors import KVStoreError
+from kvstore.errors import InvalidArgument, KVStoreError
 from kvstore.logs import ENV_FORMAT, FORMATS, default_format, setup_logging
 from kvstore.units import parse_size
 
@@ -47,6 +47,9 @@ def cmd_master(args: argparse.Namespace) -> int:
     from kvstore.master.core import CoreConfig
     from kvstore.master.daemon import MasterDaemon, MasterOptions
 
+    if not args.ack_timeout > 0:
+        raise InvalidArgument(f"--ack-timeout must be a positive number of seconds, got "
+                              f"{args.ack_timeout}")
     core = CoreConfig(
         put_timeout=args.put_timeout, default_lease_ttl=args.lease_ttl,
         max_lease_ttl=args.max_lease_ttl, evict_high=args.evict_high, evict_low=args.evict_low,
@@ -56,7 +59,7 @@ def cmd_master(args: argparse.Namespace) -> int:
                          master_id=args.master_id, etcd_lease_ttl=args.etcd_lease_ttl,
                          metrics_port=args.metrics_port, metrics_host=args.metrics_host,
                          core=core, fast_listen=args.fast_listen,
-                         security=_security(args))
+                         security=_security(args), ack_timeout=args.ack_timeout)
     return _run_async(lambda: MasterDaemon(opts).run())
 
 
@@ -68,6 +71,7 @@ def cmd_store(args: argparse.Namespace) -> int:
                         device=args.device, etcd_lease_ttl=args.etcd_lease_ttl,
                         metrics_port=args.metrics_port, listen=args.listen,
                         metrics_host=args.metrics_host, ssd_dir=args.ssd_dir,
+                        data_dir=args.data_dir,
                         ssd=parse_size(args.ssd) if args.ssd else 0,
                         ssd_fsync=not args.ssd_no_fsync, prefault=not args.no_prefault,
                         security=_security(args))
@@ -169,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--evict-low", type=float, default=0.80)
     m.add_argument("--replicas", type=int, default=1, help="default replicas per object")
     m.add_argument("--etcd-lease-ttl", type=int, default=5)
+    m.add_argument("--ack-timeout", type=float, default=3.0,
+                   help="seconds a write's reply waits for its store nodes to record it "
+                        "before the write fails as Unavailable (see docs/durability.md)")
     m.add_argument("--metrics-port", type=int, default=0, help="serve /metrics here (0: off)")
     m.add_argument("--metrics-host", default="127.0.0.1",
                    help="address /metrics listens on (the pod IP under Kubernetes)")
@@ -182,7 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not reserve and map the DRAM segment at start (faster start, about "
                         "0.5 s per GiB less; first writes to each page are slower and the memory "
                         "is not reserved until written)")
-    s.add_argument("--node-id", default="")
+    s.add_argument("--node-id", default="",
+                   help="the node's id (default: the one its --ssd-dir or --data-dir records, "
+                        "else a new random one); recorded there for the next start")
+    s.add_argument("--data-dir", default="",
+                   help="directory that keeps the node's identity across restarts, for a "
+                        "DRAM-only node (one with --ssd-dir keeps it there); see docs/ssd.md")
     s.add_argument("--host", default="127.0.0.1", help="address the Transfer Engine announces")
     s.add_argument("--protocol", default="tcp", choices=["tcp", "rdma"])
     s.add_argument("--device", default="", help="RDMA NIC name(s) for --protocol rdma")
