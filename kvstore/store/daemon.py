@@ -1,11 +1,22 @@
 """The store node process: owns a DRAM segment, serves it over the Transfer Engine.
 
 Life of a node:
-1. allocate the segment and register it with the Transfer Engine;
-2. announce itself in etcd under a key bound to its own etcd lease, so that its death
-   (crash, freeze longer than the lease, network loss) is seen by the master;
-3. mount the segment at the current leader (and again whenever the leader changes);
-4. on SIGTERM: unmount, delete the key, revoke the lease.
+1. claim its identity from its data directories (kvstore.store.identity): the node id
+   a previous run recorded there, and a lock that keeps a second process out;
+2. reach etcd (retrying for as long as it takes: a node never exits because etcd is
+   away) and refuse to start if its id is announced by a node that still answers;
+3. allocate the segment and register it with the Transfer Engine;
+4. announce itself in etcd under a key bound to its own etcd lease, so that its death
+   (crash, freeze longer than the lease, network loss) is seen by the master. A record
+   left by a previous incarnation of the same id is overwritten at once: the leader's
+   membership watch sees another pid, drops the old incarnation's replicas and adopts
+   this one's inventory (its re-indexed SSD objects), without waiting for the old lease;
+5. mount the segment at the current leader (and again whenever the leader changes);
+6. on SIGTERM: unmount, delete the key, revoke the lease.
+
+An incarnation whose key now names another one (it was frozen, and a newer process took
+its id meanwhile) has been fenced: it stops, exit FENCED_EXIT, without touching the key
+or unmounting, which would now hit the newer process.
 
 If the etcd lease is lost while the process lives on (e.g. it was frozen), the master has
 already dropped this node's replicas; the node re-announces itself with a fresh lease and
@@ -20,18 +31,17 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import time
-import uuid
 from dataclasses import dataclass
 
 import grpc
 
 from kvstore.coord.etcd import Etcd
 from kvstore.coord.layout import Layout, MasterRecord, NodeRecord
-from kvstore.errors import InvalidArgument, KVStoreError
+from kvstore.errors import AlreadyExists, InvalidArgument, KVStoreError
 from kvstore.security.access import Authenticator
 from kvstore.security.daemons import DaemonSecurity
+from kvstore.store import identity
 from kvstore.store.inventory import Inventory
 from kvstore.store.segment import DramSegment, boot_id
 from kvstore.store.service import StoreNodeService
@@ -44,6 +54,11 @@ from kvstore.v1 import store_pb2_grpc as spbg
 
 log = logging.getLogger(__name__)
 PREFAULT_PROGRESS = 10.0  # s between progress lines while the DRAM segment is reserved
+ETCD_RETRY_LOG = 5.0  # s between log lines while etcd cannot be reached
+PROBE_TIMEOUT = 1.0  # s a previous incarnation of our id has to answer before it is fenced
+# Any method name works: a live node answers UNIMPLEMENTED, and nothing runs there.
+PROBE_METHOD = "/kvstore.v1.StoreNode/AreYouAlive"
+FENCED_EXIT = 4  # a newer incarnation took this node's id
 
 
 @dataclass
@@ -60,6 +75,7 @@ class StoreOptions:
     listen: str = ""  # the node's gRPC address; default: --host with a free port
     metrics_host: str = "127.0.0.1"
     ssd_dir: str = ""  # no SSD tier unless set
+    data_dir: str = ""  # keeps the node's identity (a DRAM-only node's; see identity.py)
     ssd: int = 0  # SSD tier cap in bytes on disk
     ssd_fsync: bool = True
     prefault: bool = True  # reserve and map the DRAM segment at start (see segment.py)
@@ -70,8 +86,10 @@ class StoreDaemon:
     def __init__(self, opts: StoreOptions) -> None:
         self.opts = opts
         self.layout = Layout(opts.cluster)
-        self.node_id = opts.node_id or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        self.node_id = opts.node_id  # settled by run() (identity.claim)
+        self.identity: identity.NodeIdentity | None = None
         self.etcd = Etcd(opts.etcd)
+        self._fenced = ""  # why this incarnation stopped for a newer one ("": it did not)
         self._stop = asyncio.Event()
         self.segment: DramSegment | None = None
         self.transfer: Transfer | None = None
@@ -103,7 +121,34 @@ class StoreDaemon:
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload_access)
         self.security.check_exposure(self.opts.listen or f"{self.opts.host}:0")
-        await self.etcd.connect()
+        if self.opts.ssd_dir and self.opts.ssd <= 0:
+            raise InvalidArgument("--ssd-dir needs --ssd SIZE (the tier's cap on disk, e.g. 100GiB)")
+        self.identity = identity.claim([self.opts.data_dir, self.opts.ssd_dir],
+                                       self.opts.cluster, self.opts.node_id)
+        try:
+            return await self._run()
+        finally:
+            self.identity.release()
+
+    async def _run(self) -> int:
+        ident = self.identity
+        assert ident is not None
+        self.node_id = ident.node_id
+        if ident.dirs:
+            how = ("reused from" if ident.recorded == ident.node_id else
+                   f"from --node-id (was {ident.recorded!r}), recorded in" if ident.recorded
+                   else "new, recorded in")
+            log.info("node %s: node id %s %s", self.node_id, how,
+                     ", ".join(str(d) for d in ident.dirs))
+        if not await self._reach_etcd():
+            return 0
+        try:
+            if not await self._refuse_live_namesake():
+                await self.etcd.close()
+                return 0
+        except KVStoreError:
+            await self.etcd.close()
+            raise
         if self.opts.ssd_dir:
             self._open_ssd()
         started = time.monotonic()
@@ -133,6 +178,7 @@ class StoreDaemon:
             asyncio.create_task(self._announce_forever(), name="announce"),
             asyncio.create_task(self._mount_at_leaders(), name="mount"),
         ]
+        tasks.append(asyncio.create_task(self._guard_identity(), name="fence-guard"))
         await self._stop.wait()
         for task in tasks:
             task.cancel()
@@ -140,7 +186,113 @@ class StoreDaemon:
             with contextlib.suppress(asyncio.CancelledError, KVStoreError):
                 await task
         await self._leave()
-        return 0
+        return FENCED_EXIT if self._fenced else 0
+
+    async def _reach_etcd(self) -> bool:
+        """Connect to etcd, however long it is away; False if told to stop meanwhile."""
+        last_log = -ETCD_RETRY_LOG
+        while not self._stop.is_set():
+            try:
+                await self.etcd.connect()
+                return True
+            except InvalidArgument:
+                raise
+            except Exception as exc:  # Unavailable, and whatever the client raises
+                now = time.monotonic()
+                if now - last_log >= ETCD_RETRY_LOG:
+                    reason = exc.message if isinstance(exc, KVStoreError) else str(exc)
+                    log.warning("node %s: %s; retrying until it answers", self.node_id, reason)
+                    last_log = now
+                self.etcd = Etcd(self.opts.etcd)  # a fresh client: the failed one is closed
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), 1.0)
+        return False
+
+    async def _read_own_key(self) -> tuple[bool, bytes | None]:
+        """(read, value) of this node id's key; retried while etcd fails, until stopped."""
+        last_log = -ETCD_RETRY_LOG
+        while not self._stop.is_set():
+            try:
+                return True, await self.etcd.get(self.layout.node(self.node_id))
+            except Exception as exc:  # etcd away: keep trying, as everywhere else
+                now = time.monotonic()
+                if now - last_log >= ETCD_RETRY_LOG:
+                    log.warning("node %s: reading its etcd record failed (%s); retrying",
+                                self.node_id, exc)
+                    last_log = now
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), 1.0)
+        return False, None
+
+    async def _refuse_live_namesake(self) -> bool:
+        """Raise AlreadyExists if our id is announced by a node that still answers; a
+        record of one that does not (crashed, frozen) is ours to replace. False if told
+        to stop first."""
+        read, raw = await self._read_own_key()
+        if not read:
+            return False
+        if raw is None:
+            return True
+        try:
+            old = NodeRecord.decode(raw)
+        except (ValueError, TypeError, KeyError):
+            log.warning("node %s: replacing an unreadable etcd record of its id", self.node_id)
+            return True
+        if old.service and await self._answers(old):
+            raise AlreadyExists(
+                f"node id {self.node_id!r} is in use by a running store node (pid {old.pid} "
+                f"on {old.host}, answering at {old.service}); stop that node, or give this "
+                "one another --node-id or data directory")
+        log.info("node %s: its previous incarnation (pid %d on %s) does not answer at %s; "
+                 "this one replaces it", self.node_id, old.pid, old.host, old.service or "-")
+        return True
+
+    async def _answers(self, old: NodeRecord) -> bool:
+        """Whether a gRPC server answers at `old.service`: any reply, an error included
+        (the method exists nowhere), counts. A frozen process accepts the connection in
+        the kernel but never replies: DEADLINE_EXCEEDED."""
+        try:
+            async with self.security.channel(old.service, old.tls) as channel:
+                await channel.unary_unary(PROBE_METHOD)(b"", timeout=PROBE_TIMEOUT)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code() not in (grpc.StatusCode.UNAVAILABLE,
+                                      grpc.StatusCode.DEADLINE_EXCEEDED)
+        return True
+
+    def _is_us(self, rec: NodeRecord) -> bool:
+        return (rec.pid, rec.boot_id, rec.segment) == (
+            os.getpid(), boot_id(), self.transfer.segment_name if self.transfer else "")
+
+    async def _owner(self) -> str:
+        """Who the etcd key of our id names: "us", "none", "other" or "unknown" (etcd
+        did not answer)."""
+        try:
+            raw = await self.etcd.get(self.layout.node(self.node_id))
+        except Exception:  # etcd away: the caller decides what that means
+            return "unknown"
+        if raw is None:
+            return "none"
+        try:
+            return "us" if self._is_us(NodeRecord.decode(raw)) else "other"
+        except (ValueError, TypeError, KeyError):
+            return "other"
+
+    def _fence(self) -> None:
+        if not self._fenced:
+            self._fenced = "its etcd record names a newer incarnation"
+            log.error("node %s: a newer process has taken this node id (its etcd record now "
+                      "names another pid or segment); this one stops, leaving the id to it",
+                      self.node_id)
+            self._stop.set()
+
+    async def _guard_identity(self) -> None:
+        """Notice, within a keepalive interval, that a newer incarnation took our id."""
+        interval = max(self.opts.etcd_lease_ttl / 3.0, 0.2)
+        while True:
+            await asyncio.sleep(interval)
+            if self.lease_id and await self._owner() == "other":
+                self._fence()
+                return
 
     async def _prefault(self, started: float) -> bool:
         """Reserve the segment a step at a time (~0.5 s each), letting the loop run in
@@ -170,8 +322,6 @@ class StoreDaemon:
         log.info("access file %s reloaded: %d token(s)", access.source, len(access.principals))
 
     def _open_ssd(self) -> None:
-        if self.opts.ssd <= 0:
-            raise InvalidArgument("--ssd-dir needs --ssd SIZE (the tier's cap on disk, e.g. 100GiB)")
         self.ssd = SsdTier(self.opts.ssd_dir, self.opts.ssd, fsync=self.opts.ssd_fsync)
         report = self.ssd.open()
         # What survived the last run is readable again once the leader adopts it.
@@ -199,17 +349,36 @@ class StoreDaemon:
         await self.server.start()
 
     async def _announce_forever(self) -> None:
-        """Hold a lease-bound announcement in etcd; re-announce if the lease is ever lost."""
+        """Hold a lease-bound announcement in etcd; re-announce if the lease is ever lost.
+
+        The first announcement overwrites whatever record our id has (a previous
+        incarnation's: `_refuse_live_namesake` found it silent). A re-announcement only
+        creates the key: if it exists, a newer incarnation wrote it while we were away,
+        and we stop instead of overwriting it."""
+        first = True
         while True:
             self._lease_lost.clear()
+            key, value = self.layout.node(self.node_id), self._record().encode()
             try:
-                self.lease_id = await self.etcd.grant(self.opts.etcd_lease_ttl)
-                await self.etcd.put(self.layout.node(self.node_id), self._record().encode(),
-                                    lease=self.lease_id)
+                lease_id = await self.etcd.grant(self.opts.etcd_lease_ttl)
+                if first:
+                    await self.etcd.put(key, value, lease=lease_id)
+                elif await self.etcd.create_if_absent(key, value, lease_id) is None:
+                    owner = await self._owner()
+                    if owner == "other":
+                        await self.etcd.revoke(lease_id)
+                        self._fence()
+                        return
+                    if owner == "us":  # an earlier attempt of ours landed; bind it anew
+                        await self.etcd.put(key, value, lease=lease_id)
+                    else:
+                        raise KVStoreError(f"the key of node {self.node_id} is {owner}")
+                self.lease_id = lease_id
             except Exception as exc:  # etcd down: keep trying, the node itself is fine
                 log.warning("announcing node in etcd failed (%s); retrying", exc)
                 await asyncio.sleep(1.0)
                 continue
+            first = False
             log.info("node %s announced in etcd (lease %x)", self.node_id, self.lease_id)
             # Only etcd's word ends the lease (confirm_loss): etcd restores leases when it
             # restarts, and clearing the inventory during an outage would cost the next
@@ -232,7 +401,9 @@ class StoreDaemon:
                 current = None
             if current is not None:
                 raw, epoch = current
-                if epoch != mounted_epoch:
+                # Never mount while a newer incarnation holds our id: the leader would
+                # take our segment for its and drop what that one holds.
+                if epoch != mounted_epoch and await self._owner() == "us":
                     master = MasterRecord.decode(raw)
                     if await self._mount(master.address, master.tls):
                         mounted_epoch = epoch
@@ -257,16 +428,20 @@ class StoreDaemon:
         return True
 
     async def _leave(self) -> None:
-        """Clean stop: tell the leader first, so no reader is sent here after we are gone."""
+        """Clean stop: tell the leader first, so no reader is sent here after we are gone.
+        Fenced (our id's key names a newer incarnation): unmount nothing, delete nothing;
+        both would hit that one."""
+        ours = not self._fenced and await self._owner() != "other"
         with contextlib.suppress(Exception):
             current = await self.etcd.get(self.layout.leader)
-            if current is not None:
+            if ours and current is not None:
                 master = MasterRecord.decode(current)
                 async with self.security.channel(master.address, master.tls) as channel:
                     await pbg.MasterStub(channel).UnmountSegment(
                         pb.UnmountSegmentRequest(node_id=self.node_id), timeout=3.0)
-        with contextlib.suppress(Exception):
-            await self.etcd.delete(self.layout.node(self.node_id))
+        if ours:
+            with contextlib.suppress(Exception):
+                await self.etcd.delete(self.layout.node(self.node_id))
         if self.lease_id:
             await self.etcd.revoke(self.lease_id)
         await self.etcd.close()
