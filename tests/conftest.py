@@ -111,11 +111,12 @@ class Cluster:
         self.masters.append((proc, address))
         return address
 
-    def start_store(self, dram: str = "64MiB", *extra: str, node_id: str = "") -> Proc:
-        node_id = node_id or f"node-{len(self.stores)}"
-        proc = self.spawn(f"store-{node_id}", [
+    def start_store(self, dram: str = "64MiB", *extra: str, node_id: str | None = "") -> Proc:
+        """node_id None: no --node-id flag (the node's data dirs, or chance, pick its id)."""
+        flag = [] if node_id is None else ["--node-id", node_id or f"node-{len(self.stores)}"]
+        proc = self.spawn(f"store-{flag[-1] if flag else len(self.stores)}", [
             sys.executable, "-m", "kvstore", "store", "--etcd", self.etcd, "--dram", dram,
-            "--node-id", node_id, *extra])
+            *flag, *extra])
         self.stores.append(proc)
         return proc
 
