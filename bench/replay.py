@@ -40,11 +40,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -53,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.harness import Worker, bench_main, serve
 from bench.lru_sim import (
     BLOCK_TOKENS,
     EVICT_HIGH,
@@ -66,6 +63,7 @@ from bench.lru_sim import (
 )
 from bench.progress import ProgressBar
 from bench.stats import fmt_rate, fmt_seconds, format_table, percentile
+from bench.systems.base import Slots, System
 from kvstore.units import format_size, parse_size
 
 MODULE = "bench.replay"
@@ -97,202 +95,60 @@ class Rec:
         return [getattr(self, f) for f in FIELDS]
 
 
-# -- the replayers (each runs in a process of its own, with its own client) ----------------
+# -- the replayer (each runs in a process of its own, with its own client) ----------------
 
 
-class Replayer:
-    def __init__(self, block_bytes: int, max_blocks: int) -> None:
-        import numpy as np
+def open_system(args: argparse.Namespace, endpoint: dict[str, str], max_blocks: int) -> System:
+    """This replayer's client (bench/systems/), with a registered buffer of `max_blocks`
+    random source blocks and as many destinations."""
+    slots = Slots.random(max_blocks, args.block_bytes)
+    if args.worker == OURS:
+        from bench.systems.ours import Ours
 
-        self.block_bytes = block_bytes
-        self.max_blocks = max(1, max_blocks)
-        # [0, max_blocks): sources of puts (random bytes); [max_blocks, 2*max): loads.
-        self.buf = np.frombuffer(bytearray(os.urandom(block_bytes)) * (2 * self.max_blocks),
-                                 dtype=np.uint8)
-        self.addr = int(self.buf.ctypes.data)
-        self.rc_counts: dict[str, int] = {}
+        return Ours(OURS, endpoint["etcd"], slots, max(16 << 20, 2 * args.block_bytes),
+                    lease_ttl=args.lease_ttl, same_host=not args.te)
+    from bench.systems.mooncake import Mooncake
 
-    def src(self, i: int) -> Any:
-        return self.buf[i * self.block_bytes:(i + 1) * self.block_bytes]
-
-    def dst(self, i: int) -> Any:
-        lo = (self.max_blocks + i) * self.block_bytes
-        return self.buf[lo:lo + self.block_bytes]
-
-    def src_addr(self, i: int) -> int:
-        return self.addr + i * self.block_bytes
-
-    def dst_addr(self, i: int) -> int:
-        return self.addr + (self.max_blocks + i) * self.block_bytes
-
-    def count(self, what: str, n: int = 1) -> None:
-        self.rc_counts[what] = self.rc_counts.get(what, 0) + n
-
-    def step(self, keys: list[str]) -> tuple[int, int, float, float, float, float, int, int, int]:
-        """(lookup hits, loaded hits, lookup s, load s, put s, release s, put errors,
-        bytes read, bytes written)."""
-        raise NotImplementedError
-
-    def info(self) -> dict[str, Any]:
-        return {}
-
-    def close(self) -> None:
-        pass
-
-
-class OursReplayer(Replayer):
-    def __init__(self, endpoint: dict[str, str], block_bytes: int, max_blocks: int,
-                 same_host: bool, lease_ttl: float) -> None:
-        super().__init__(block_bytes, max_blocks)
-        from kvstore_client import KVStoreClient
-
-        self.c = KVStoreClient(etcd=endpoint["etcd"], same_host=same_host,
-                               buffer_size=max(16 << 20, 2 * block_bytes))
-        self.c.register(self.buf)
-        self.ttl = lease_ttl
-
-    def step(self, keys: list[str]) -> tuple[int, int, float, float, float, float, int, int, int]:
-        from kvstore_client import KVStoreError
-
-        c = self.c
-        clock = time.perf_counter
-        bkeys = [k.encode() for k in keys]
-        st = c.stats
-        read0, written0 = st.bytes_read, st.bytes_written
-        t0 = clock()
-        lease = c.lookup(bkeys, ttl=self.ttl)
-        t1 = clock()
-        n = lease.count
-        loaded = n
-        put_errors = 0
-        try:
-            if n:
-                try:
-                    errs = c.get_into(bkeys[:n], [self.dst(i) for i in range(n)], lease=lease)
-                    loaded = next((i for i, e in enumerate(errs) if e is not None), n)
-                    for e in errs:
-                        if e is not None:
-                            self.count(f"load {type(e).__name__}")
-                except KVStoreError as exc:
-                    self.count(f"load {type(exc).__name__}")
-                    loaded = 0
-            t2 = clock()
-            rest = bkeys[loaded:]
-            if rest:
-                errs = c.put_from(rest, [self.src(i) for i in range(len(rest))])
-                for e in errs:
-                    if e is not None:
-                        put_errors += 1
-                        self.count(f"put {type(e).__name__}")
-            t3 = clock()
-        finally:
-            if lease.id:
-                c.release(lease)
-        t4 = clock()
-        return (n, loaded, t1 - t0, t2 - t1, t3 - t2, t4 - t3, put_errors,
-                st.bytes_read - read0, st.bytes_written - written0)
-
-    def info(self) -> dict[str, Any]:
-        s = self.c.stats
-        return {"local_transfers": s.local_transfers, "errors": s.errors,
-                "corrupt_reads": s.corrupt_reads}
-
-    def close(self) -> None:
-        self.c.close()
-
-
-class MooncakeReplayer(Replayer):
-    def __init__(self, endpoint: dict[str, str], block_bytes: int, max_blocks: int) -> None:
-        super().__init__(block_bytes, max_blocks)
-        from bench.clusters import MooncakeCluster, mooncake_client
-
-        mc = MooncakeCluster(master=endpoint["master"], metadata=endpoint["metadata"],
-                             logs=Path("."))
-        self.s = mooncake_client(mc, max_blocks * block_bytes + (16 << 20))
-        rc = self.s.register_buffer(self.addr, self.buf.nbytes)
-        if rc != 0:
-            raise RuntimeError(f"mooncake register_buffer rc={rc}")
-
-    def step(self, keys: list[str]) -> tuple[int, int, float, float, float, float, int, int, int]:
-        s = self.s
-        bs = self.block_bytes
-        clock = time.perf_counter
-        t0 = clock()
-        exist = s.batch_is_exist(keys)
-        t1 = clock()
-        n = next((i for i, e in enumerate(exist) if e != 1), len(keys))
-        loaded = n
-        if n:
-            got = s.batch_get_into(keys[:n], [self.dst_addr(i) for i in range(n)], [bs] * n)
-            loaded = next((i for i, g in enumerate(got) if g != bs), n)
-            for g in got:
-                if g != bs:
-                    self.count(f"get rc={g}")
-        t2 = clock()
-        # The blocks after the loaded prefix that are not stored: the ones that
-        # batch_is_exist did not report, and the reported ones that failed to load.
-        todo = [i for i in range(loaded, len(keys)) if i < n or exist[i] != 1]
-        put_errors = 0
-        written = 0
-        if todo:
-            rcs = s.batch_put_from([keys[i] for i in todo],
-                                   [self.src_addr(j) for j in range(len(todo))], [bs] * len(todo))
-            for rc in rcs:
-                if rc == 0:
-                    written += bs
-                else:
-                    put_errors += 1
-                    self.count(f"put rc={rc}")
-        t3 = clock()
-        return (n, loaded, t1 - t0, t2 - t1, t3 - t2, 0.0, put_errors, loaded * bs, written)
-
-    def close(self) -> None:
-        self.s.close()
+    return Mooncake(endpoint, slots, slots.count * args.block_bytes + (16 << 20))
 
 
 def run_worker(args: argparse.Namespace) -> int:
-    """One replayer. Protocol on stdin/stdout with the orchestrator: it says READY once
-    set up, reads `GO <start>` (a time.monotonic() value, common to all replayers), then
-    asks NEXT and gets the position of the next request in trace order, or END."""
+    """One replayer, driven by the orchestrator (bench/harness.py's protocol):
+    {"start": t} waits until t (a time.monotonic() value, common to all replayers);
+    {"pos": i} replays request i of the trace and returns its record (a row of FIELDS);
+    {"finish": true} returns the error counts and the client's counters."""
     requests = read_trace(args.trace, args.limit)
     t_first = requests[0].timestamp_ms if requests else 0
     max_blocks = max((len(r.hash_ids) for r in requests), default=1)
-    endpoint = json.loads(args.endpoint)
-    rp: Replayer
-    if args.worker == OURS:
-        rp = OursReplayer(endpoint, args.block_bytes, max_blocks, not args.te, args.lease_ttl)
-    else:
-        rp = MooncakeReplayer(endpoint, args.block_bytes, max_blocks)
-    out: list[list[Any]] = []
+    system = open_system(args, json.loads(args.endpoint), max_blocks)
+    start = 0.0
+
+    def handle(ask: dict[str, Any]) -> Any:
+        nonlocal start
+        if "start" in ask:
+            start = float(ask["start"])
+            while time.monotonic() < start:
+                time.sleep(min(0.01, max(0.0, start - time.monotonic())))
+            return None
+        if "finish" in ask:
+            return {"rc_counts": system.rc_counts, "info": system.info()}
+        pos = int(ask["pos"])
+        r = requests[pos]
+        if args.speed > 0:
+            due = start + (r.timestamp_ms - t_first) / 1000 / args.speed
+            delay = due - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+        keys = [f"{args.key_prefix}{h}" for h in r.hash_ids]
+        t0 = time.monotonic() - start
+        step = system.replay_step(keys)
+        t1 = time.monotonic() - start
+        return Rec(pos, t0, t1, *step).row()
+
     try:
-        print("READY", flush=True)
-        line = sys.stdin.readline().split()
-        if not line or line[0] != "GO":
-            return 1
-        start = float(line[1])
-        while time.monotonic() < start:
-            time.sleep(min(0.01, max(0.0, start - time.monotonic())))
-        while True:
-            print("NEXT", flush=True)
-            line = sys.stdin.readline().strip()
-            if not line or line == "END":
-                break
-            pos = int(line)
-            r = requests[pos]
-            if args.speed > 0:
-                due = start + (r.timestamp_ms - t_first) / 1000 / args.speed
-                delay = due - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
-            keys = [f"{args.key_prefix}{h}" for h in r.hash_ids]
-            t0 = time.monotonic() - start
-            res = rp.step(keys)
-            t1 = time.monotonic() - start
-            out.append(Rec(pos, t0, t1, *res).row())
-        Path(args.out).write_text(json.dumps({"records": out, "rc_counts": rp.rc_counts,
-                                              "info": rp.info()}))
+        serve(handle)
     finally:
-        rp.close()
+        system.close()
     return 0
 
 
@@ -349,11 +205,11 @@ class Dispatcher:
 
 
 def _worker_cmd(args: argparse.Namespace, system: str, endpoint: dict[str, str],
-                out: Path, key_prefix: str) -> list[str]:
+                key_prefix: str) -> list[str]:
     cmd = [sys.executable, "-m", MODULE, "--worker", system, "--endpoint", json.dumps(endpoint),
            "--trace", str(args.trace),
            "--block-bytes", str(args.block_bytes), "--speed", str(args.speed),
-           "--lease-ttl", str(args.lease_ttl), "--key-prefix", key_prefix, "--out", str(out)]
+           "--lease-ttl", str(args.lease_ttl), "--key-prefix", key_prefix]
     if args.limit is not None:
         cmd += ["--limit", str(args.limit)]
     if args.te:
@@ -386,71 +242,59 @@ class Sampler(threading.Thread):
 def drive(args: argparse.Namespace, spec: RunSpec, endpoint: dict[str, str], total: int,
           logs: Path) -> tuple[list[Rec], float, dict[str, int], list[dict[str, Any]]]:
     """Start the replayers, release them together, show progress, collect records."""
-    from bench.clusters import MOONCAKE_ENV, log_tail, uninterrupted
-
     key_prefix = f"rp{uuid.uuid4().hex[:8]}/"
-    procs: list[tuple[subprocess.Popen[str], Path, Path]] = []
-    ready = [threading.Event() for _ in range(spec.concurrency)]
     queue = Dispatcher(total)
+    workers: list[Worker] = []
+    rows: list[list[list[Any]]] = [[] for _ in range(spec.concurrency)]
+    ends: list[dict[str, Any]] = [{} for _ in range(spec.concurrency)]
+    failures: list[BaseException] = []
 
-    def reader(i: int, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None and proc.stdin is not None
-        with contextlib.suppress(OSError, ValueError):   # the replayer died or was killed
-            for line in proc.stdout:
-                if line.startswith("READY"):
-                    ready[i].set()
-                elif line.startswith("NEXT"):
-                    pos = queue.take(i)
-                    proc.stdin.write("END\n" if pos is None else f"{pos}\n")
-                    proc.stdin.flush()
-        ready[i].set()  # exited: stop waiting for it
+    def replay(i: int, w: Worker, start: float) -> None:
+        try:
+            w.ask({"start": start})
+            while (pos := queue.take(i)) is not None:
+                rows[i].append(w.ask({"pos": pos}))
+            ends[i] = w.ask({"finish": True})
+        except (RuntimeError, OSError, ValueError) as exc:  # the replayer died or was killed
+            failures.append(exc)
 
+    ok = False
     try:
         for i in range(spec.concurrency):
-            out = logs / f"{spec.label}-w{i}.json"
-            log = logs / f"{spec.label}-w{i}.log"
-            with open(log, "ab") as fh:
-                proc = subprocess.Popen(_worker_cmd(args, spec.system, endpoint, out, key_prefix),
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=fh, text=True, env={**os.environ, **MOONCAKE_ENV})
-            procs.append((proc, out, log))
-            threading.Thread(target=reader, args=(i, proc), daemon=True).start()
-        for i, ev in enumerate(ready):
-            if not ev.wait(120) or procs[i][0].poll() is not None:
-                raise RuntimeError(f"replayer {i} did not start\n{log_tail(procs[i][2])}")
+            workers.append(Worker(f"replayer {i}",
+                                  _worker_cmd(args, spec.system, endpoint, key_prefix),
+                                  logs / f"{spec.label}-w{i}.log"))
+        for i, w in enumerate(workers):
+            try:
+                w.ready()
+            except RuntimeError as exc:
+                raise RuntimeError(f"replayer {i} did not start\n{exc}") from None
         start = time.monotonic() + 0.2
-        for proc, _, _ in procs:
-            assert proc.stdin is not None
-            proc.stdin.write(f"GO {start!r}\n")
-            proc.stdin.flush()
+        threads = [threading.Thread(target=replay, args=(i, w, start), daemon=True)
+                   for i, w in enumerate(workers)]
+        for t in threads:
+            t.start()
         bar = ProgressBar(total, f"{spec.label:<22}")
-        while any(p.poll() is None for p, _, _ in procs):
+        while any(t.is_alive() for t in threads):
             bar.update(queue.finished)
             time.sleep(0.1)
         bar.update(queue.finished)
         bar.close()
         wall = time.monotonic() - start
+        if failures:
+            raise RuntimeError(str(failures[0]))
+        ok = True
     finally:
-        with uninterrupted():
-            for proc, _, _ in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                proc.wait()
-    records: list[Rec] = []
+        for w in workers:
+            w.close(kill=not ok)
+    records = sorted((Rec(*row) for part in rows for row in part), key=lambda r: r.pos)
     rc_counts: dict[str, int] = {}
-    info: list[dict[str, Any]] = []
-    for proc, out, log in procs:
-        if proc.returncode != 0 or not out.exists():
-            raise RuntimeError(f"a replayer exited with {proc.returncode}\n{log_tail(log)}")
-        data = json.loads(out.read_text())
-        records += [Rec(*row) for row in data["records"]]
-        for k, v in data["rc_counts"].items():
+    for end in ends:
+        for k, v in end["rc_counts"].items():
             rc_counts[k] = rc_counts.get(k, 0) + v
-        info.append(data["info"])
-    records.sort(key=lambda r: r.pos)
     if records:
         wall = max(r.t1 for r in records)
-    return records, wall, rc_counts, info
+    return records, wall, rc_counts, [end["info"] for end in ends]
 
 
 def _leader(etcd: str, cluster: str = "default") -> str:
@@ -887,10 +731,8 @@ def plan_runs(args: argparse.Namespace, sizing: Sizing) -> list[RunSpec]:
     return runs
 
 
-def orchestrate(args: argparse.Namespace) -> int:
-    from bench.clusters import raise_on_sigterm
-
-    raise_on_sigterm()
+def orchestrate(args: argparse.Namespace, tmp: Path) -> int:
+    """Every planned run, the sims, the report (the orchestrator's part)."""
     t_start = time.monotonic()
     requests = read_trace(args.trace, args.limit)
     if not requests:
@@ -898,43 +740,33 @@ def orchestrate(args: argparse.Namespace) -> int:
         return 1
     sizing = Sizing(args.capacity_blocks, args.block_bytes, args.nodes, high=args.evict_high,
                     low=args.evict_low)
-    tmp = Path(tempfile.mkdtemp(prefix="kvstore-replay-"))
     where = (f"capacity {args.capacity_blocks} blocks -> {args.nodes} x "
              f"{format_size(sizing.dram_per_node)} DRAM" if args.start
              else f"against the cluster at {args.etcd}")
     print(f"replaying {len(requests)} requests, {where}; logs in {tmp}", flush=True)
     runs: list[RunResult] = []
-    try:
-        for spec in plan_runs(args, sizing):
-            run = (run_ours if spec.system == OURS else run_mooncake)(args, spec, requests, tmp)
-            runs.append(run)
-        if not args.start and runs:
-            # A running cluster: its DRAM decides the capacity the sims are given.
-            slots = sum(s // sizing.asize for s in runs[0].segments)
-            args.capacity_blocks = max(1, round(slots * (args.evict_high + args.evict_low) / 2))
-        lru = simulate(requests, StoreSim.lru(args.capacity_blocks))
-        inf = simulate(requests, StoreSim.infinite())
-        mirror = {run.spec.label: simulate(requests, StoreSim.watermark(
-            run.segments, args.block_bytes, high=args.evict_high, low=args.evict_low))
-            for run in runs}
-        report = Report(requests, sizing, runs, mirror, lru, inf, args)
-        print()
-        print(report.text())
-        print(f"\n(total {time.monotonic() - t_start:.0f} s)")
-        if args.json:
-            Path(args.json).write_text(json.dumps(report.as_json()))
-            print(f"wrote {args.json}")
-        if args.plot:
-            plot(report, args.plot)
-            print(f"wrote {args.plot}")
-    except RuntimeError as exc:
-        print(f"replay failed: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        if args.keep_logs:
-            print(f"logs kept in {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+    for spec in plan_runs(args, sizing):
+        run = (run_ours if spec.system == OURS else run_mooncake)(args, spec, requests, tmp)
+        runs.append(run)
+    if not args.start and runs:
+        # A running cluster: its DRAM decides the capacity the sims are given.
+        slots = sum(s // sizing.asize for s in runs[0].segments)
+        args.capacity_blocks = max(1, round(slots * (args.evict_high + args.evict_low) / 2))
+    lru = simulate(requests, StoreSim.lru(args.capacity_blocks))
+    inf = simulate(requests, StoreSim.infinite())
+    mirror = {run.spec.label: simulate(requests, StoreSim.watermark(
+        run.segments, args.block_bytes, high=args.evict_high, low=args.evict_low))
+        for run in runs}
+    report = Report(requests, sizing, runs, mirror, lru, inf, args)
+    print()
+    print(report.text())
+    print(f"\n(total {time.monotonic() - t_start:.0f} s)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.as_json()))
+        print(f"wrote {args.json}")
+    if args.plot:
+        plot(report, args.plot)
+        print(f"wrote {args.plot}")
     return 0
 
 
@@ -980,15 +812,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker", choices=[OURS, MC], help=argparse.SUPPRESS)
     p.add_argument("--endpoint", help=argparse.SUPPRESS)
     p.add_argument("--key-prefix", default="rp/", help=argparse.SUPPRESS)
-    p.add_argument("--out", help=argparse.SUPPRESS)
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = build_parser()
-    args = p.parse_args(argv)
-    if args.worker:
-        return run_worker(args)
+def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.capacity_blocks < 1 or args.block_bytes < 1 or args.nodes < 1 or args.concurrency < 1:
         p.error("--capacity-blocks, --block-bytes, --nodes and --concurrency must be >= 1")
     if args.limit is not None and args.limit < 1:
@@ -1000,10 +827,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.trace.exists():
         p.error(f"no trace at {args.trace}")
     args.trace = args.trace.resolve()
-    from bench.netns import ensure_private_netns
 
-    ensure_private_netns(MODULE)
-    return orchestrate(args)
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main(build_parser(), argv, MODULE, run_worker, orchestrate, check)
 
 
 if __name__ == "__main__":

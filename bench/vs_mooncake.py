@@ -31,7 +31,9 @@ for that row (marked b or r; the raw figures of both are in --json):
   r, registered-buffer API: ours register + put_from/get_into; Mooncake register_buffer
      + put_from/get_into and batch_put_from/batch_get_into. Bytes move straight from and
      into memory registered with the engine.
-A latency row's p99 comes from the API chosen by its p50.
+A latency row's p99 comes from the API chosen by its p50. Both systems' operations are
+in bench/systems/ (one adapter each); the client processes speak bench/harness.py's
+protocol.
 
 Per object size: single put and single get latency (p50/p99 over --iters operations,
 fresh keys), and the throughput of batches of --batch objects (put then get; GB/s =
@@ -53,22 +55,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
-import inspect
 import json
 import math
 import os
 import pstats
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.harness import Worker, bench_main, serve
 from bench.stats import (
     Latency,
     better_ratio,
@@ -78,6 +77,8 @@ from bench.stats import (
     format_table,
     gbps,
 )
+from bench.systems.base import Api, BytesApi, RegisteredApi, Slots, System
+from bench.systems.ours import Ours, Phases
 from kvstore.units import format_size, parse_size
 
 MODULE = "bench.vs_mooncake"
@@ -92,315 +93,6 @@ AUTO_ROUND_BYTES = 1 << 30
 # Of each store's DRAM, what the warm-up writes (and removes): below both systems'
 # eviction watermark (0.9 by default for each).
 WARM_SHARE = 0.8
-
-
-# -- the operations measured, per system and API ------------------------------------------
-
-
-class Api:
-    """One way of putting and getting objects. `get` returns what the caller would hold
-    (bytes, or a view of the buffer read into) so the driver can check it, untimed."""
-
-    system = ""   # "kvstore-te", "kvstore-shm" or "mooncake"
-    api = ""      # "b" (bytes) or "r" (registered buffers)
-
-    def prepare(self, value: bytes) -> None:
-        self.value = value
-
-    def put(self, key: str) -> None:
-        raise NotImplementedError
-
-    def get(self, key: str) -> Any:
-        raise NotImplementedError
-
-    def put_many(self, keys: list[str]) -> None:
-        raise NotImplementedError
-
-    def get_many(self, keys: list[str]) -> list[Any]:
-        raise NotImplementedError
-
-    def remove(self, keys: list[str]) -> None:
-        raise NotImplementedError
-
-    def local_transfers(self) -> int | None:
-        """Objects moved by a same-host memcpy path so far (None: no such path)."""
-        return None
-
-    def early_reads(self) -> tuple[int, int] | None:
-        """Objects read while their location was asked so far: (kept, thrown away)."""
-        return None
-
-    def one_call_puts(self) -> tuple[int, int] | None:
-        """Objects put so far: (into space started ahead, all)."""
-        return None
-
-
-class Slots:
-    """One buffer of 2 x batch slots, each one object long: sources in [0, batch),
-    destinations in [batch, 2 x batch)."""
-
-    def __init__(self, batch: int, max_size: int) -> None:
-        import numpy as np
-
-        self.batch = batch
-        self.buf = np.zeros(2 * batch * max_size, dtype=np.uint8)
-        self.addr = int(self.buf.ctypes.data)
-        self.size = 0
-
-    def fill(self, value: bytes) -> None:
-        self.size = len(value)
-        view = self.buf.data
-        for i in range(self.batch):
-            view[i * self.size:(i + 1) * self.size] = value
-
-    def src_addr(self, i: int) -> int:
-        return self.addr + i * self.size
-
-    def dst_addr(self, i: int) -> int:
-        return self.addr + (self.batch + i) * self.size
-
-    def src(self, i: int) -> Any:
-        return self.buf[i * self.size:(i + 1) * self.size]
-
-    def dst(self, i: int) -> Any:
-        lo = (self.batch + i) * self.size
-        return self.buf[lo:lo + self.size]
-
-    def dst_view(self, i: int) -> memoryview:
-        lo = (self.batch + i) * self.size
-        return self.buf.data[lo:lo + self.size]
-
-
-class Phases:
-    """Where our client's time goes (--phases): exclusive wall time per phase, measured by
-    wrapping the client's internals in the benchmark process only. A phase nested in
-    another (a checksum inside a transfer step) counts for the inner one alone; time in
-    other threads is prefixed "bg:" and overlaps the caller's. What no wrapper covers
-    (argument checks, plans, staging copies, bytes objects) is "other" = call - sum."""
-
-    def __init__(self) -> None:
-        import threading
-
-        self.acc: dict[str, float] = {}
-        self._local = threading.local()
-        self._main = threading.get_ident()
-
-    def _enter(self, name: str) -> None:
-        import threading
-
-        now = time.perf_counter()
-        stack = self._local.__dict__.setdefault("stack", [])
-        if stack:
-            top = stack[-1]
-            self.acc[top[0]] = self.acc.get(top[0], 0.0) + now - top[1]
-        if threading.get_ident() != self._main:
-            name = "bg:" + name
-        stack.append([name, now])
-
-    def _exit(self) -> None:
-        now = time.perf_counter()
-        stack = self._local.stack
-        name, t0 = stack.pop()
-        self.acc[name] = self.acc.get(name, 0.0) + now - t0
-        if stack:
-            stack[-1][1] = now
-
-    def wrap(self, obj: Any, attr: str, name: Any) -> None:
-        """Time obj.attr(...) as phase `name` (a string, or a function of the arguments)."""
-        orig = getattr(obj, attr)
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            self._enter(name if isinstance(name, str) else name(*args))
-            try:
-                return orig(*args, **kwargs)
-            finally:
-                self._exit()
-
-        setattr(obj, attr, timed)
-
-    def install(self, client: Any) -> None:
-        from kvstore_client import flows
-
-        self.wrap(client, "_call", lambda method, *_: f"rpc {method}")
-        # A call asked while bytes move (early reads): sending, and reading the reply.
-        self.wrap(client, "_ask", lambda method, *_: f"ask {method}")
-        self.wrap(client, "_answer", lambda asked, *_: f"answer {asked.method}")
-        self.wrap(client, "_release_async", "release (one-way)")
-        # Puts into space started ahead: the refill is sent after a commit and its reply
-        # read before the next put (see kvstore_client/reservations.py).
-        self.wrap(client, "_send_later", lambda method, *_: f"later {method} send")
-        self.wrap(client, "_settle_later", "later: read reply")
-        with contextlib.suppress(ImportError):  # a client without the quick single get
-            from kvstore_client import quick
-
-            # Straight-line code (ask, transfer, checksum inside): timed as one phase.
-            self.wrap(quick, "read_one", "quick get (whole)")
-        for attr, name in PHASE_POINTS:
-            if hasattr(flows, attr):
-                self.wrap(flows, attr, name)
-            elif hasattr(client._state, attr):
-                self.wrap(client._state, attr, name)
-
-    def snapshot(self) -> dict[str, float]:
-        return dict(self.acc)
-
-    @staticmethod
-    def per_call(before: dict[str, float], after: dict[str, float], calls: int,
-                 total: float) -> dict[str, float]:
-        """Seconds per call by phase between two snapshots, plus "other" and "call"."""
-        out = {k: (v - before.get(k, 0.0)) / calls for k, v in after.items()
-               if v - before.get(k, 0.0) > 0}
-        out["other"] = max(0.0, total / calls - sum(v for k, v in out.items()
-                                                    if not k.startswith("bg:")))
-        out["call"] = total / calls
-        return out
-
-
-# Our client's internals that --phases times: (flows function or ClientState method, phase).
-PHASE_POINTS = [
-    ("run_transfers", "transfer"),  # the client before pipelining had only this step
-    ("start_transfers", "transfer submit"),
-    ("finish_transfers", "transfer wait"),
-    ("checksum", "checksum"),
-]
-
-
-class OursBytesApi(Api):
-    api = "b"
-
-    def __init__(self, client: Any, system: str) -> None:
-        self.c = client
-        self.system = system
-
-    def put(self, key: str) -> None:
-        self.c.put(key.encode(), self.value)
-
-    def get(self, key: str) -> Any:
-        return self.c.get(key.encode())
-
-    def put_many(self, keys: list[str]) -> None:
-        _ours_ok(self.c.put_many([k.encode() for k in keys], [self.value] * len(keys)), "put_many")
-
-    def get_many(self, keys: list[str]) -> list[Any]:
-        return list(self.c.get_many([k.encode() for k in keys]))
-
-    def remove(self, keys: list[str]) -> None:
-        self.c.remove_many([k.encode() for k in keys], force=True)
-
-    def local_transfers(self) -> int | None:
-        n = getattr(self.c.stats, "local_transfers", None)
-        return None if n is None else int(n)
-
-    def early_reads(self) -> tuple[int, int] | None:
-        st = self.c.stats
-        if not hasattr(st, "early_reads"):
-            return None
-        return int(st.early_reads), int(st.early_wasted)
-
-    def one_call_puts(self) -> tuple[int, int] | None:
-        st = self.c.stats
-        if not hasattr(st, "one_call_puts"):
-            return None
-        return int(st.one_call_puts), int(st.puts)
-
-
-def _ours_ok(errors: list[Any], what: str) -> None:
-    bad = [e for e in errors if e is not None]
-    if bad:
-        raise RuntimeError(f"{what}: {len(bad)} of {len(errors)} failed, first: {bad[0]!r}")
-
-
-class OursRegisteredApi(OursBytesApi):
-    api = "r"
-
-    def __init__(self, client: Any, system: str, batch: int, max_size: int) -> None:
-        super().__init__(client, system)
-        self.slots = Slots(batch, max_size)
-        client.register(self.slots.buf)
-
-    def prepare(self, value: bytes) -> None:
-        super().prepare(value)
-        self.slots.fill(value)
-
-    def put(self, key: str) -> None:
-        _ours_ok(self.c.put_from([key.encode()], [self.slots.src(0)]), "put_from")
-
-    def get(self, key: str) -> Any:
-        err = self.c.get_into([key.encode()], [self.slots.dst(0)])[0]
-        return None if err is not None else self.slots.dst_view(0)
-
-    def put_many(self, keys: list[str]) -> None:
-        _ours_ok(self.c.put_from([k.encode() for k in keys],
-                                 [self.slots.src(i) for i in range(len(keys))]), "put_from")
-
-    def get_many(self, keys: list[str]) -> list[Any]:
-        errs = self.c.get_into([k.encode() for k in keys],
-                               [self.slots.dst(i) for i in range(len(keys))])
-        return [None if e is not None else self.slots.dst_view(i) for i, e in enumerate(errs)]
-
-
-class MooncakeBytesApi(Api):
-    system = "mooncake"
-    api = "b"
-
-    def __init__(self, store: Any) -> None:
-        self.s = store
-
-    def put(self, key: str) -> None:
-        rc = self.s.put(key, self.value)
-        if rc != 0:
-            raise RuntimeError(f"mooncake put({key}) rc={rc}")
-
-    def get(self, key: str) -> Any:
-        return self.s.get(key)
-
-    def put_many(self, keys: list[str]) -> None:
-        rc = self.s.put_batch(keys, [self.value] * len(keys))
-        if rc != 0:
-            raise RuntimeError(f"mooncake put_batch rc={rc}")
-
-    def get_many(self, keys: list[str]) -> list[Any]:
-        return list(self.s.get_batch(keys))
-
-    def remove(self, keys: list[str]) -> None:
-        self.s.batch_remove(keys, True)
-
-
-class MooncakeRegisteredApi(MooncakeBytesApi):
-    api = "r"
-
-    def __init__(self, store: Any, batch: int, max_size: int) -> None:
-        super().__init__(store)
-        self.slots = Slots(batch, max_size)
-        rc = store.register_buffer(self.slots.addr, self.slots.buf.nbytes)
-        if rc != 0:
-            raise RuntimeError(f"mooncake register_buffer rc={rc}")
-
-    def prepare(self, value: bytes) -> None:
-        super().prepare(value)
-        self.slots.fill(value)
-
-    def put(self, key: str) -> None:
-        rc = self.s.put_from(key, self.slots.src_addr(0), self.slots.size)
-        if rc != 0:
-            raise RuntimeError(f"mooncake put_from({key}) rc={rc}")
-
-    def get(self, key: str) -> Any:
-        n = self.s.get_into(key, self.slots.dst_addr(0), self.slots.size)
-        return self.slots.dst_view(0) if n == self.slots.size else None
-
-    def put_many(self, keys: list[str]) -> None:
-        n = len(keys)
-        rcs = self.s.batch_put_from(keys, [self.slots.src_addr(i) for i in range(n)],
-                                    [self.slots.size] * n)
-        if any(rcs):
-            raise RuntimeError(f"mooncake batch_put_from rcs={sorted(set(rcs))}")
-
-    def get_many(self, keys: list[str]) -> list[Any]:
-        n = len(keys)
-        got = self.s.batch_get_into(keys, [self.slots.dst_addr(i) for i in range(n)],
-                                    [self.slots.size] * n)
-        return [self.slots.dst_view(i) if g == self.slots.size else None for i, g in enumerate(got)]
 
 
 # -- the driver (runs in the client process) ----------------------------------------------
@@ -449,7 +141,7 @@ def measure(api: Api, size: int, iters: int, batch: int, rounds: int, tag: str) 
         _check(data, value, "warm-up get_many")
     api.remove(warm)
 
-    ph: Phases | None = getattr(api, "phases", None)
+    ph: Phases | None = api.phases
     marks: dict[str, dict[str, float]] = {}
 
     def mark(name: str) -> None:
@@ -597,134 +289,71 @@ def staging_bytes(sizes: Sequence[int], batch: int) -> int:
     return batch * max(sizes) + (16 << 20)
 
 
+def open_apis(args: argparse.Namespace, endpoint: dict[str, str],
+              sizes: list[int]) -> tuple[list[Api], list[System]]:
+    """The client process's systems (ours: over the engine and same-host; or Mooncake's),
+    each through both APIs."""
+    systems: list[System] = []
+    if args.worker == "ours":
+        options: dict[str, Any] = {}
+        if args.no_early_reads:
+            options["placement_memory"] = 0
+        if args.no_one_call_puts:
+            options["reserve_bytes"] = 0
+        for name, same_host in ((TE, False), (SHM, True)):
+            systems.append(Ours(name, endpoint["etcd"], Slots(args.batch, max(sizes)),
+                                staging_bytes(sizes, args.batch), same_host=same_host,
+                                **options))
+    else:
+        from bench.systems.mooncake import Mooncake
+
+        systems.append(Mooncake(endpoint, Slots(args.batch, max(sizes)),
+                                staging_bytes(sizes, args.batch)))
+    apis: list[Api] = []
+    for system in systems:
+        mine: list[Api] = [BytesApi(system), RegisteredApi(system)]
+        if args.phases and isinstance(system, Ours):
+            timer = Phases()
+            timer.install(system)
+            for api in mine:
+                api.phases = timer
+        apis += mine
+    return apis, systems
+
+
 def run_worker(args: argparse.Namespace) -> int:
+    """One client process: measures one size whenever the orchestrator asks, so that
+    both systems are measured in alternation, each under the same background load."""
     endpoint = json.loads(args.endpoint)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     profiler = cProfile.Profile() if args.profile else None
-    results: list[dict[str, Any]] = []
-    apis: list[Api] = []
-    clients: list[Any] = []
     max_size = max(sizes)
+    apis, systems = open_apis(args, endpoint, sizes)
+
+    def handle(ask: dict[str, Any]) -> Any:
+        if "warm" in ask:
+            # Over the engine, like Mooncake's: through the node's own data path.
+            api = next((a for a in apis if a.api == "r" and a.system != SHM), apis[0])
+            return {"seconds": warm(api, int(ask["warm"]), max_size, args.batch)}
+        size, turn, turns = int(ask["size"]), int(ask["turn"]), int(ask["turns"])
+        if profiler:
+            profiler.enable()
+        rounds = auto_rounds(args.rounds, size, args.batch)
+        part = [measure(api, size, share(args.iters, turns, turn), args.batch,
+                        share(rounds, turns, turn),
+                        tag=f"{api.system}-{api.api}-{size}-t{turn}") for api in apis]
+        if profiler:
+            profiler.disable()
+        return part
+
     try:
-        if args.worker == "ours":
-            from kvstore_client import KVStoreClient
-
-            buffer = staging_bytes(sizes, args.batch)
-            modes: list[tuple[str, dict[str, Any]]] = [(TE, {"same_host": False}),
-                                                       (SHM, {"same_host": True})]
-            if "same_host" not in inspect.signature(KVStoreClient).parameters:
-                modes = [(TE, {})]  # no same-host path in this client: all over the engine
-            for system, extra in modes:
-                if args.no_early_reads:
-                    extra = {**extra, "placement_memory": 0}
-                if args.no_one_call_puts:
-                    extra = {**extra, "reserve_bytes": 0}
-                client = KVStoreClient(etcd=endpoint["etcd"], buffer_size=buffer, **extra)
-                clients.append(client)
-                mine: list[Api] = [OursBytesApi(client, system)]
-                if hasattr(client, "put_from") and hasattr(client, "get_into"):
-                    mine.append(OursRegisteredApi(client, system, args.batch, max_size))
-                if args.phases:
-                    timer = Phases()
-                    timer.install(client)
-                    for api in mine:
-                        api.phases = timer  # type: ignore[attr-defined]
-                apis += mine
-        else:
-            from bench.clusters import MooncakeCluster, mooncake_client
-
-            mc = MooncakeCluster(master=endpoint["master"], metadata=endpoint["metadata"],
-                                 logs=Path("."))
-            store = mooncake_client(mc, staging_bytes(sizes, args.batch))
-            clients.append(store)
-            apis = [MooncakeBytesApi(store), MooncakeRegisteredApi(store, args.batch, max_size)]
-        # One size at a time, when the orchestrator asks (a JSON line on stdin), so that
-        # both systems are measured in alternation, each under the same background load.
-        print(READY, flush=True)
-        for line in sys.stdin:
-            ask = json.loads(line)
-            if "warm" in ask:
-                # Over the engine, like Mooncake's: through the node's own data path.
-                api = next((a for a in apis if a.api == "r" and a.system != SHM), apis[0])
-                took = warm(api, int(ask["warm"]), max_size, args.batch)
-                print(RESULT + json.dumps({"seconds": took}), flush=True)
-                continue
-            size, turn, turns = int(ask["size"]), int(ask["turn"]), int(ask["turns"])
-            if profiler:
-                profiler.enable()
-            rounds = auto_rounds(args.rounds, size, args.batch)
-            part = [measure(api, size, share(args.iters, turns, turn), args.batch,
-                            share(rounds, turns, turn),
-                            tag=f"{api.system}-{api.api}-{size}-t{turn}") for api in apis]
-            if profiler:
-                profiler.disable()
-            results += part
-            print(RESULT + json.dumps(part), flush=True)
+        serve(handle)
         if profiler:
             profiler.dump_stats(str(Path(args.profile) / f"{args.worker}.pstats"))
     finally:
-        for c in clients:
-            c.close()
-    Path(args.out).write_text(json.dumps(results))
+        for system in systems:
+            system.close()
     return 0
-
-
-READY, RESULT = "vs_mooncake worker ready", "vs_mooncake result "
-
-
-class Worker:
-    """A benchmark client process that measures one size whenever asked."""
-
-    def __init__(self, name: str, cmd: list[str], log: Path) -> None:
-        from bench.clusters import MOONCAKE_ENV
-
-        self.name, self.log = name, log
-        self._log = open(log, "ab")  # noqa: SIM115 - closed in close()
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._log, env={**os.environ, **MOONCAKE_ENV},
-                                     text=True)
-        self._read_until(READY)
-
-    def _read_until(self, prefix: str) -> str:
-        from bench.clusters import log_tail
-
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.startswith(prefix):
-                return line[len(prefix):]
-            self._log.write(line.encode())
-        self._log.flush()
-        raise RuntimeError(f"benchmark client {self.name} exited with {self.proc.wait()}\n"
-                           f"{log_tail(self.log)}")
-
-    def _ask(self, ask: dict[str, Any]) -> Any:
-        """Send the client one request (a JSON line) and return its result."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(ask) + "\n")
-        self.proc.stdin.flush()
-        return json.loads(self._read_until(RESULT))
-
-    def warm(self, total: int) -> float:
-        """Have the client write `total` bytes and remove them again (see `warm`)."""
-        return float(self._ask({"warm": total})["seconds"])
-
-    def measure(self, size: int, turn: int, turns: int) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self._ask({"size": size, "turn": turn, "turns": turns})
-        return result
-
-    def close(self) -> None:
-        from bench.clusters import uninterrupted
-
-        with uninterrupted():
-            try:
-                if self.proc.stdin is not None:
-                    self.proc.stdin.close()
-                self.proc.wait(timeout=60)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
-            finally:
-                self._log.close()
 
 
 # -- the orchestrator ---------------------------------------------------------------------
@@ -991,10 +620,9 @@ def plot(rows: list[Row] | list[RangeRow], path: str) -> None:
     plt.close(fig)
 
 
-def _worker_cmd(args: argparse.Namespace, system: str, endpoint: dict[str, str],
-                out: Path) -> list[str]:
+def _worker_cmd(args: argparse.Namespace, system: str, endpoint: dict[str, str]) -> list[str]:
     cmd = [sys.executable, "-m", MODULE, "--worker", system, "--endpoint", json.dumps(endpoint),
-           "--out", str(out), "--sizes", args.sizes, "--iters", str(args.iters),
+           "--sizes", args.sizes, "--iters", str(args.iters),
            "--batch", str(args.batch), "--rounds", str(args.rounds)]
     if args.profile:
         cmd += ["--profile", args.profile]
@@ -1015,20 +643,23 @@ def measure_both(args: argparse.Namespace, sizes: list[int], dram: int,
     ours_res: list[dict[str, Any]] = []
     mc_res: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
+
+        def start(name: str, endpoint: dict[str, str]) -> Worker:
+            w = stack.enter_context(contextlib.closing(Worker(
+                name, _worker_cmd(args, name, endpoint), tmp / f"client-{name}.log")))
+            w.ready()
+            return w
+
         oc = stack.enter_context(ours(tmp, dram=args.dram))
-        workers = [stack.enter_context(contextlib.closing(Worker(
-            "ours", _worker_cmd(args, "ours", {"etcd": oc.etcd}, tmp / "ours.json"),
-            tmp / "client-ours.log")))]
+        workers = [start("ours", {"etcd": oc.etcd})]
         if not args.no_mooncake:
             mc = stack.enter_context(mooncake(tmp, dram))
-            workers.append(stack.enter_context(contextlib.closing(Worker(
-                "mooncake", _worker_cmd(args, "mooncake",
-                                        {"master": mc.master, "metadata": mc.metadata},
-                                        tmp / "mooncake.json"),
-                tmp / "client-mooncake.log"))))
+            workers.append(start("mooncake", {"master": mc.master, "metadata": mc.metadata}))
         if not args.no_warm:
             total = int(dram * WARM_SHARE)
-            took = ", ".join(f"{w.name} {w.warm(total):.1f} s" for w in workers)
+            # each client writes `total` bytes and removes them again (see `warm`)
+            took = ", ".join(f"{w.name} {w.ask({'warm': total})['seconds']:.1f} s"
+                             for w in workers)
             print(f"warm-up: each client wrote {format_size(total)} and removed it ({took})",
                   flush=True)
         print(f"both systems up; measuring them in turn, one size at a time, in "
@@ -1039,78 +670,72 @@ def measure_both(args: argparse.Namespace, sizes: list[int], dram: int,
                 # who goes first alternates, so neither always follows the other
                 for w in workers if k % 2 == 0 else workers[::-1]:
                     (ours_res if w.name == "ours" else mc_res).extend(
-                        w.measure(size, turn, args.turns))
+                        w.ask({"size": size, "turn": turn, "turns": args.turns}))
                 k += 1
     return merge_turns(ours_res), merge_turns(mc_res)
 
 
-def orchestrate(args: argparse.Namespace) -> int:
-    from bench.clusters import raise_on_sigterm
+def orchestrate(args: argparse.Namespace, tmp: Path) -> int:
+    """Every run, its table, and the figures over all runs (the orchestrator's part)."""
+    if args.mooncake_pool:
+        from bench.clusters import MOONCAKE_ENV
 
-    raise_on_sigterm()
-
+        MOONCAKE_ENV["MC_TCP_ENABLE_CONNECTION_POOL"] = "1"  # its node and its client
+    if args.profile:
+        args.profile = str(Path(args.profile).resolve())
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     dram = parse_size(args.dram)
-    tmp = Path(tempfile.mkdtemp(prefix="kvstore-vs-mooncake-"))
     t_start = time.monotonic()
-    try:
-        print(f"sizes {args.sizes}, {args.iters} single ops, batches of {args.batch}, "
-              f"rounds {[auto_rounds(args.rounds, s, args.batch) for s in sizes]}, "
-              f"{args.runs} run(s); logs in {tmp}", flush=True)
-        runs: list[dict[str, Any]] = []
-        for n in range(args.runs):
-            load_start = os.getloadavg()[0]
-            run_dir = tmp / f"run{n + 1}"
-            run_dir.mkdir()
-            ours_res, mc_res = measure_both(args, sizes, dram, run_dir)
-            rows = build_rows(ours_res + mc_res)
-            load = (load_start, os.getloadavg()[0])
-            runs.append({"rows": rows, "raw": {"kvstore": ours_res, "mooncake": mc_res},
-                         "load": load})
-            print(f"\n--- run {n + 1} of {args.runs} ---\n" if args.runs > 1 else "")
-            print(render(rows))
-            print(f"\nload average (1 min) at start {load[0]:.2f}, at end {load[1]:.2f} "
-                  f"on {os.cpu_count()} CPUs")
-            for warning in path_warnings(ours_res):
-                print(f"WARNING: {warning}")
-            print(early_note(ours_res))
-            note = one_call_note(ours_res)
-            if note:
-                print(note)
-            if args.phases:
-                print()
-                print(render_phases(ours_res))
-        ranged = range_rows([r["rows"] for r in runs]) if args.runs > 1 else None
-        if ranged is not None:
-            print(f"\n--- all {args.runs} runs ---\n")
-            print(render_ranges(ranged, args.runs))
-        print(f"\n(total {time.monotonic() - t_start:.0f} s)")
-        if args.json:
-            Path(args.json).write_text(json.dumps({
-                "config": {"sizes": sizes, "iters": args.iters, "batch": args.batch,
-                           "rounds": args.rounds, "dram": dram, "transport": "tcp loopback",
-                           "runs": args.runs, "turns": args.turns},
-                "runs": [{"rows": [r.__dict__ for r in run["rows"]], "raw": run["raw"],
-                          "load_average": run["load"]} for run in runs],
-                "ranges": [r.__dict__ for r in ranged] if ranged else None,
-            }, indent=2))
-            print(f"wrote {args.json}")
-        if args.plot:
-            plot(ranged if ranged is not None else runs[-1]["rows"], args.plot)
-            print(f"wrote {args.plot}")
-        if args.profile:
-            for system in ("ours", "mooncake"):
-                print(f"\n--- client profile, {system}, all its APIs (top by own time) ---")
-                stats = pstats.Stats(str(Path(args.profile) / f"{system}.pstats"))
-                stats.sort_stats("tottime").print_stats(15)
-    except RuntimeError as exc:
-        print(f"vs_mooncake failed: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        if args.keep_logs:
-            print(f"logs kept in {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+    print(f"sizes {args.sizes}, {args.iters} single ops, batches of {args.batch}, "
+          f"rounds {[auto_rounds(args.rounds, s, args.batch) for s in sizes]}, "
+          f"{args.runs} run(s); logs in {tmp}", flush=True)
+    runs: list[dict[str, Any]] = []
+    for n in range(args.runs):
+        load_start = os.getloadavg()[0]
+        run_dir = tmp / f"run{n + 1}"
+        run_dir.mkdir()
+        ours_res, mc_res = measure_both(args, sizes, dram, run_dir)
+        rows = build_rows(ours_res + mc_res)
+        load = (load_start, os.getloadavg()[0])
+        runs.append({"rows": rows, "raw": {"kvstore": ours_res, "mooncake": mc_res},
+                     "load": load})
+        print(f"\n--- run {n + 1} of {args.runs} ---\n" if args.runs > 1 else "")
+        print(render(rows))
+        print(f"\nload average (1 min) at start {load[0]:.2f}, at end {load[1]:.2f} "
+              f"on {os.cpu_count()} CPUs")
+        for warning in path_warnings(ours_res):
+            print(f"WARNING: {warning}")
+        print(early_note(ours_res))
+        note = one_call_note(ours_res)
+        if note:
+            print(note)
+        if args.phases:
+            print()
+            print(render_phases(ours_res))
+    ranged = range_rows([r["rows"] for r in runs]) if args.runs > 1 else None
+    if ranged is not None:
+        print(f"\n--- all {args.runs} runs ---\n")
+        print(render_ranges(ranged, args.runs))
+    print(f"\n(total {time.monotonic() - t_start:.0f} s)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "config": {"sizes": sizes, "iters": args.iters, "batch": args.batch,
+                       "rounds": args.rounds, "dram": dram, "transport": "tcp loopback",
+                       "runs": args.runs, "turns": args.turns},
+            "runs": [{"rows": [r.__dict__ for r in run["rows"]], "raw": run["raw"],
+                      "load_average": run["load"]} for run in runs],
+            "ranges": [r.__dict__ for r in ranged] if ranged else None,
+        }, indent=2))
+        print(f"wrote {args.json}")
+    if args.plot:
+        plot(ranged if ranged is not None else runs[-1]["rows"], args.plot)
+        print(f"wrote {args.plot}")
+    if args.profile:
+        for system in ("ours", "mooncake"):
+            print(f"\n--- client profile, {system}, all its APIs (top by own time) ---")
+            stats = pstats.Stats(str(Path(args.profile) / f"{system}.pstats"))
+            stats.sort_stats("tottime").print_stats(15)
     return 0
 
 
@@ -1157,30 +782,18 @@ def build_parser() -> argparse.ArgumentParser:
     # Internal: the client process.
     p.add_argument("--worker", choices=["ours", "mooncake"], help=argparse.SUPPRESS)
     p.add_argument("--endpoint", help=argparse.SUPPRESS)
-    p.add_argument("--out", help=argparse.SUPPRESS)
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.turns < 1:
         parser.error(f"--turns must be 1 or more, got {args.turns}")
     if args.quick:
         args.sizes, args.iters, args.rounds = "64KiB,1MiB", 50, 5
-    if args.worker:
-        return run_worker(args)
-    from bench.netns import ensure_private_netns
 
-    ensure_private_netns(MODULE)
-    if args.mooncake_pool:
-        from bench.clusters import MOONCAKE_ENV
 
-        MOONCAKE_ENV["MC_TCP_ENABLE_CONNECTION_POOL"] = "1"  # its node and its client
-    if args.profile:
-        args.profile = str(Path(args.profile).resolve())
-        Path(args.profile).mkdir(parents=True, exist_ok=True)
-    return orchestrate(args)
+def main(argv: list[str] | None = None) -> int:
+    return bench_main(build_parser(), argv, MODULE, run_worker, orchestrate, check)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -67,6 +67,11 @@ class KVStoreClient:
     Control calls take the master's fast channel when its etcd record announces one
     (`transport="grpc"` forces gRPC; a fixed `master=` address is always gRPC).
     """
+
+    # For profilers (bench.vs_mooncake --phases): set on a client, it is called with a
+    # phase's name as each step of a call begins (see _phase; "quick get" for a quick
+    # single get) and with None as it ends. None: nothing is timed.
+    phase_timer: Callable[[str | None], None] | None = None
 
     def __init__(
         self,
@@ -247,7 +252,14 @@ class KVStoreClient:
         while a Later call's reply is unread (the flow's next call reads it first)."""
         if self._later is not None or self._control is None:
             return quick.SLOW
-        return quick.read_one(self._state, self._control, key, dest, self.timeout)
+        timer = self.phase_timer
+        if timer is None:
+            return quick.read_one(self._state, self._control, key, dest, self.timeout)
+        timer("quick get")
+        try:
+            return quick.read_one(self._state, self._control, key, dest, self.timeout)
+        finally:
+            timer(None)
 
     def _reconnect_quietly(self) -> None:
         with contextlib.suppress(KVStoreError):  # the next attempt reports the failure
@@ -262,6 +274,7 @@ class KVStoreClient:
         value: Any = None
         error: BaseException | None = None
         started: list[Ticket] = []
+        timer = self.phase_timer
         try:
             while True:
                 try:
@@ -269,6 +282,8 @@ class KVStoreClient:
                 except StopIteration as done:
                     return done.value  # type: ignore[no-any-return]
                 value, error = None, None
+                if timer is not None:
+                    timer(_phase(step))
                 try:
                     if isinstance(step, Rpc):
                         value = self._call(step.method, step.request, not _moving(started))
@@ -295,6 +310,9 @@ class KVStoreClient:
                         time.sleep(step.seconds)
                 except KVStoreError as exc:
                     error = exc
+                finally:
+                    if timer is not None:
+                        timer(None)
         finally:
             # Whatever ended the flow, nothing it started may still be moving bytes.
             for ticket in started:
@@ -388,6 +406,14 @@ class KVStoreClient:
                 if isinstance(got, memoryview):
                     return [None]
         return self._run(flows.get_into(self._state, keys, buffers, lease))
+
+
+def _phase(step: object) -> str:
+    """A step's name for `phase_timer`: its kind and the control method it sends or
+    answers, e.g. "rpc PutStart", "answer GetReplicas", "start", "finish", "release"."""
+    asked = getattr(step, "asked", None)
+    method = getattr(step if asked is None else asked, "method", "")
+    return f"{type(step).__name__.lower()} {method}".rstrip()
 
 
 def _moving(started: list[Ticket]) -> bool:

@@ -1,7 +1,7 @@
 """`python -m bench.vs_mooncake` runs end to end against our own cluster (real etcd,
-master, store node and client processes), `--phases` included: the phase timing wraps
-the client's private methods, so a change of their signatures breaks it (it did once,
-unnoticed, until someone asked for phases)."""
+master, store node and client processes), `--phases` included: the phase timing hangs
+on the client's `phase_timer` hook and names the client's steps, so a change there breaks
+it (the old monkeypatching did once, unnoticed, until someone asked for phases)."""
 
 from __future__ import annotations
 
