@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from kvstore.devcluster import wait_for_port
 from kvstore.store.identity import IDENTITY_FILE
 from kvstore_client import KVStoreClient
 from tests.conftest import Cluster
@@ -180,3 +181,18 @@ def test_live_id_is_refused_and_a_frozen_one_is_fenced(cluster_factory: Cluster)
     time.sleep(1.0)  # what it did on its way out must not have touched the new one
     assert new.alive()
     assert dram_nodes(c) == [("twin", new_segment)]
+
+
+def test_a_node_started_while_etcd_is_away_waits_for_it(cluster_factory: Cluster) -> None:
+    c = cluster_factory
+    etcd = next(p for p in c.procs if p.name == "etcd")
+    etcd.kill(signal.SIGKILL)
+    node = c.start_store("16MiB", "--no-prefault")
+    wait_for("the node saying it waits for etcd",
+             lambda: "retrying until it answers" in node.log.read_text(), c)
+    assert node.alive()
+    again = c.spawn("etcd-again", etcd.cmd)
+    wait_for_port(c.etcd_port, again.popen, "etcd")
+    c.start_master()
+    c.wait_nodes(1)
+    assert node.alive()

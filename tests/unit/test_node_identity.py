@@ -81,5 +81,5 @@ def test_directories_of_two_nodes_are_refused(tmp_path: Path) -> None:
 
 def test_a_damaged_identity_file_is_refused_with_the_way_out(tmp_path: Path) -> None:
     (tmp_path / IDENTITY_FILE).write_text("{not json")
-    with pytest.raises(InvalidArgument, match="damaged.*delete it"):
+    with pytest.raises(InvalidArgument, match=r"damaged.*delete it"):
         claim([str(tmp_path)], "c1")
