@@ -4,7 +4,8 @@ how much of the cache is still readable afterwards.
     python -m bench.failover [--rounds 3] [--objects 1000] [--etcd-lease-ttl 2]
 
 Starts etcd, two masters and two store nodes (in a private network namespace), writes
-the objects, kills the leader, and measures through a client that keeps trying: the
+a burst of objects one acknowledged put at a time, kills the leader as soon as the
+last put returned, and measures through a client that keeps trying: the
 time until the standby holds the leader key, the time until a write succeeds, and the
 fraction of the objects read back byte-identical. The killed master comes back as the
 next standby, so each round fails over in the other direction.
@@ -79,12 +80,15 @@ def main(argv: list[str] | None = None) -> int:
                                  "--node-id", f"node-{i}"])
         wait_mounted(first, 2, procs)
         start_master()
-        keys = [f"fo-{i}".encode() for i in range(args.objects)]
+        keys: list[bytes] = []
         with KVStoreClient(etcd=etcd, timeout=30) as client:
-            for lo in range(0, len(keys), 100):
-                client.put_many(keys[lo:lo + 100], [value(i) for i in range(lo, lo + 100)])
             for rnd in range(1, args.rounds + 1):
-                time.sleep(0.5)  # inventories are updated every tick (0.1 s)
+                # Each round's burst is acknowledged one put at a time and the kill
+                # follows the last reply at once: no pause for the nodes to catch up.
+                for i in range(args.objects):
+                    key = f"fo-{rnd}-{i}".encode()
+                    client.put(key, value(i))
+                    keys.append(key)
                 old = leader(etcd)
                 t0 = time.monotonic()
                 masters.pop(old).send_signal(signal.SIGKILL)
@@ -99,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
                         time.sleep(0.01)
                 first_write = time.monotonic() - t0
                 got = client.get_many(keys)
-                readable = sum(g == value(i) for i, g in enumerate(got)) / len(keys)
+                readable = sum(g == value(i % args.objects)
+                               for i, g in enumerate(got)) / len(keys)
                 rows.append([str(rnd), f"{takeover:.2f}", f"{first_write:.2f}",
                              f"{readable:.1%}", str(len(keys))])
                 start_master()  # the next standby

@@ -59,6 +59,7 @@ class _Link:
     waiters: list[tuple[int, asyncio.Future[Applied]]] = field(default_factory=list)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     sender: asyncio.Task[None] | None = None
+    stale: bool = False  # the node said a newer leader exists: nothing of ours holds
 
 
 class NodeLinks:
@@ -128,6 +129,8 @@ class NodeLinks:
     async def wait(self, mark: tuple[_Link, int], timeout: float) -> Applied:
         """Wait until the node of `mark` applied everything queued up to it."""
         link, seq = mark
+        if link.stale:
+            return Applied.STALE
         if link.applied >= seq:
             return Applied.YES
         if link.sender is None or link.sender.done():
@@ -168,6 +171,7 @@ class NodeLinks:
                     self._wake_waiters(link, Applied.YES)
                 elif outcome is Applied.STALE:
                     # A newer leader owns this node: nothing of ours will be applied.
+                    link.stale = True
                     link.applied = upto
                     self._wake_waiters(link, Applied.STALE)
                 else:
