@@ -97,6 +97,12 @@ class Busy(Unavailable):
     code = Code.BUSY
 
 
+class TlsMismatch(Unavailable):
+    """The client speaks TLS to a plaintext master, or plaintext to a TLS one: retrying
+    cannot help, the client's credentials (or the master's flags) must change. Raised by
+    the client only; never on the wire."""
+
+
 class Unauthenticated(KVStoreError):
     """No token, or one the server does not know: check the client's token."""
 
