@@ -21,7 +21,6 @@ the reader then gets NOT_FOUND under its lease instead of someone else's bytes.
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import math
 from collections import deque
@@ -30,11 +29,12 @@ from itertools import repeat
 
 import numpy as np
 
-from kvstore.errors import MAX_KEY_BYTES, Code, InvalidArgument, NotFound, check_key
+from kvstore.errors import MAX_KEY_BYTES, Code, InvalidArgument, NotFound
 
 from .clock import Clock, MonotonicClock
 from .config import CoreConfig, same_structure
 from .eviction import LruList
+from .keys import all_valid, bad_key_message, norm_key
 from .leases import LeaseTable
 from .objects import PENDING, SLOT_BITS, SLOT_MASK, ObjectTable, PendingWrite, tenant_prefix
 from .placement import place
@@ -48,6 +48,7 @@ from .results import (
     GetReplicasResult,
     Location,
     LookupResult,
+    MoveKind,
     NodeInfo,
     NodeStats,
     ObjectInfo,
@@ -56,69 +57,31 @@ from .results import (
     ReplicaChange,
     SegmentStats,
     TickReport,
+    Tier,
     TierEvictions,
     TierMove,
+    location,
 )
-from .segments import DRAM, OFFSET_BITS, OFFSET_MASK, Segment, SegmentMap
+from .segments import DRAM, OFFSET_BITS, OFFSET_MASK, SSD, TIERS, Segment, SegmentMap, alloc_size
+from .state import RECENT
+from .state import Move as _Move
 from .window import RecentCounts
 
-TIERS = ("dram", "ssd")
-SSD = "ssd"
-DEMOTE = "demote"
-PROMOTE = "promote"
-# Room an object takes in an SSD tier: the store node's file is a 64-byte header, the
-# key (at most 1 KiB) and the data, padded to 4 KiB (kvstore/store/ssd_format.py).
-# Accounting for the worst case keeps the node's disk use under its cap by construction.
-_SSD_OVERHEAD = 64 + MAX_KEY_BYTES
-
-
-def _alloc_size(tier: str, size: int) -> int:
-    if tier == DRAM:
-        return size
-    return (size + _SSD_OVERHEAD + 4095) & ~4095
-
-
-class _Move:
-    """An object moving between tiers: its token, and the reserved destination."""
-
-    __slots__ = ("dest", "kind", "token")
-
-    def __init__(self, kind: str, token: int, dest: int) -> None:
-        self.kind = kind
-        self.token = token
-        self.dest = dest
-_MAX_CHECKSUM = 1 << 64
 # Space started ahead (put_start(ahead=True)) is granted only while all PENDING space
 # stays under this share of the DRAM pool: a client's pool of placeholders must never
 # crowd out the writes themselves on a small store.
 AHEAD_SHARE = 0.25
-# Running totals the core keeps a one-minute, per-second history of (window.py).
-_RECENT = ("lookup_keys", "hit_keys", "evictions", "evicted_bytes", "demotions", "demoted_bytes",
-           "ssd_evictions", "ssd_evicted_bytes")
-
-
-_LOCATION_FIELDS = ("node_id", "segment", "addr", "size", "tier")
-if (tuple(f.name for f in dataclasses.fields(Location)) != _LOCATION_FIELDS
-        or tuple(f.name for f in dataclasses.fields(PutStartResult))
-        != ("code", "locations", "message", "placement")):  # pragma: no cover
-    raise ImportError("results.Location or PutStartResult changed: update _put_batch() and "
-                      "_location() in core.py, which set their fields one by one")
-_set_node_id, _set_segment, _set_addr, _set_size, _set_tier = (
-    Location.__dict__[f].__set__ for f in _LOCATION_FIELDS)
+_MAX_CHECKSUM = 1 << 64
+DEMOTE = MoveKind.DEMOTE
+PROMOTE = MoveKind.PROMOTE
+_alloc_size = alloc_size
+_norm_key = norm_key
+_bad_key_message = bad_key_message
+_location = location
 _new_object = object.__new__
-
-
-def _location(node_id: str, segment: str, addr: int, size: int, tier: str) -> Location:
-    """Location(node_id, segment, addr, size, tier), a third of the cost: a frozen
-    dataclass's __init__ sets each field through object.__setattr__, this through the
-    slots themselves (put_start builds one per replica)."""
-    loc = _new_object(Location)
-    _set_node_id(loc, node_id)
-    _set_segment(loc, segment)
-    _set_addr(loc, addr)
-    _set_size(loc, size)
-    _set_tier(loc, tier)
-    return loc
+_set_node_id, _set_segment, _set_addr, _set_size, _set_tier = (
+    Location.__dict__[f].__set__ for f in ("node_id", "segment", "addr", "size", "tier"))
+_RECENT = RECENT
 
 
 def _all_new(keys: Sequence[object], sizes: Sequence[object], checksums: Sequence[object],
@@ -128,11 +91,9 @@ def _all_new(keys: Sequence[object], sizes: Sequence[object], checksums: Sequenc
     per-key checks would find of each, without a Python-level loop."""
     try:
         return (
-            set(map(type, keys)) == {bytes}
+            all_valid(keys)
             and set(map(type, sizes)) == {int}
             and set(map(type, checksums)) == {int}
-            and min(map(len, keys)) > 0  # type: ignore[arg-type]
-            and max(map(len, keys)) <= MAX_KEY_BYTES  # type: ignore[arg-type]
             and min(sizes) > 0 and max(sizes) <= largest  # type: ignore[type-var,operator]
             and min(checksums) >= 0 and max(checksums) < _MAX_CHECKSUM  # type: ignore[type-var,operator]
             and len(set(keys)) == len(keys)
@@ -140,25 +101,6 @@ def _all_new(keys: Sequence[object], sizes: Sequence[object], checksums: Sequenc
         )
     except TypeError:
         return False
-
-
-def _norm_key(key: object) -> bytes | None:
-    """The key as hashable bytes, or None when it is not a usable key."""
-    if type(key) is bytes and 0 < len(key) <= MAX_KEY_BYTES:
-        return key
-    try:
-        check_key(key)  # type: ignore[arg-type]
-    except InvalidArgument:
-        return None
-    return bytes(key)  # type: ignore[call-overload]
-
-
-def _bad_key_message(key: object) -> str:
-    try:
-        check_key(key)  # type: ignore[arg-type]
-    except InvalidArgument as err:
-        return err.message
-    return ""
 
 
 class MasterCore:
@@ -226,7 +168,7 @@ class MasterCore:
     # ------------------------------------------------------------------ membership
 
     def mount_segment(
-        self, node_id: str, segment: str, base_addr: int, size: int, tier: str = "dram"
+        self, node_id: str, segment: str, base_addr: int, size: int, tier: str = DRAM
     ) -> None:
         """Register a node's segment. Same geometry again: no-op. Different: replace it,
         dropping every replica the old one held (the node restarted with new memory)."""
@@ -241,6 +183,7 @@ class MasterCore:
                 f"segment size must be between {self.config.alignment} bytes and "
                 f"{OFFSET_MASK + 1} bytes, got {size}"
             )
+        tier = Tier(tier)
         old = self._segments.get(node_id, tier)
         if old is not None:
             if old.same_geometry(segment, base_addr, size):
@@ -1005,7 +948,7 @@ class MasterCore:
         checksum: int,
         node_id: str,
         offset: int,
-        tier: str = "dram",
+        tier: str = DRAM,
     ) -> Code:
         """Record a COMPLETE replica that already sits at `offset` of a mounted segment
         (a store node's inventory, replayed to a new leader). OK (also when already
@@ -1023,7 +966,7 @@ class MasterCore:
             or offset < 0
         ):
             return Code.INVALID_ARGUMENT
-        seg = self._segments.get(node_id, tier)
+        seg = self._segments.get(node_id, Tier(tier)) if tier in TIERS else None
         if seg is None:
             return Code.NOT_FOUND
         if tier != DRAM:

@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from kvstore.errors import Code
+
+
+class Tier(StrEnum):
+    """Where a replica lives. The values are the wire's (Location.tier, MountSegment)."""
+
+    DRAM = "dram"  # a store node's registered memory, read over the Transfer Engine
+    SSD = "ssd"  # a file on a store node; promoted to DRAM before it is read
+
+
+class MoveKind(StrEnum):
+    """A copy between tiers (TierMove.kind; the values are MoveItem.kind's)."""
+
+    DEMOTE = "demote"  # DRAM -> SSD, instead of dropping an evicted object
+    PROMOTE = "promote"  # SSD -> DRAM, for a reader
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,7 +29,29 @@ class Location:
     segment: str  # the Transfer Engine segment name of the node (e.g. "127.0.0.1:15000")
     addr: int  # absolute address = segment base_addr + offset
     size: int
-    tier: str = "dram"
+    tier: str = Tier.DRAM  # a Tier; typed str so callers may pass the wire's value
+
+
+_LOCATION_FIELDS = ("node_id", "segment", "addr", "size", "tier")
+if tuple(f.name for f in dataclasses.fields(Location)) != _LOCATION_FIELDS:  # pragma: no cover
+    raise ImportError("Location changed: update location() below, which sets its fields "
+                      "one by one")
+_set_node_id, _set_segment, _set_addr, _set_size, _set_tier = (
+    Location.__dict__[f].__set__ for f in _LOCATION_FIELDS)
+_new_object = object.__new__
+
+
+def location(node_id: str, segment: str, addr: int, size: int, tier: str) -> Location:
+    """Location(node_id, segment, addr, size, tier), a third of the cost: a frozen
+    dataclass's __init__ sets each field through object.__setattr__, this through the
+    slots themselves (put_start and get_replicas build one per replica)."""
+    loc = _new_object(Location)
+    _set_node_id(loc, node_id)
+    _set_segment(loc, segment)
+    _set_addr(loc, addr)
+    _set_size(loc, size)
+    _set_tier(loc, tier)
+    return loc
 
 
 @dataclass(slots=True)
@@ -26,6 +63,12 @@ class PutStartResult:
     locations: list[Location]
     message: str = ""
     placement: int = 0  # OK: the placement of `locations` (see objects.py)
+
+
+if tuple(f.name for f in dataclasses.fields(PutStartResult)) != (
+        "code", "locations", "message", "placement"):  # pragma: no cover
+    raise ImportError("PutStartResult changed: update batch_put.py, which sets its fields "
+                      "one by one")
 
 
 @dataclass(slots=True)
@@ -89,7 +132,7 @@ class EvictionReport:
 class SegmentStats:
     node_id: str
     segment: str
-    tier: str
+    tier: Tier
     base_addr: int
     capacity: int
     used: int
@@ -168,7 +211,7 @@ class ReplicaChange:
     """One replica committed on (added) or freed from (not added) a node's segment."""
 
     node_id: str
-    tier: str
+    tier: Tier
     key: bytes
     offset: int
     size: int
@@ -179,9 +222,9 @@ class ReplicaChange:
 @dataclass(frozen=True, slots=True)
 class TierMove:
     """A copy a store node must make between its DRAM segment and its SSD tier:
-    "demote" (DRAM at dram_offset -> SSD file) or "promote" (SSD file -> DRAM)."""
+    DEMOTE (DRAM at dram_offset -> SSD file) or PROMOTE (SSD file -> DRAM)."""
 
-    kind: str
+    kind: MoveKind
     node_id: str
     key: bytes
     size: int
@@ -221,7 +264,7 @@ class TierEvictions:
     """Eviction from one tier. `demoted*` count objects moved one tier down (DRAM ->
     SSD) instead of dropped; they stay 0 until a tier reports demotions."""
 
-    tier: str
+    tier: Tier
     evicted: int = 0
     evicted_bytes: int = 0
     evicted_recent: int = 0  # over EvictionStats.recent_seconds

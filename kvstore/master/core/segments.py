@@ -11,13 +11,30 @@ objects per replica. Locations are built only when a reader asks for them.
 
 from __future__ import annotations
 
+from kvstore.errors import MAX_KEY_BYTES
+
 from .allocator import ExtentAllocator
+from .results import Tier
 
 OFFSET_BITS = 44  # 16 TiB per segment
 OFFSET_MASK = (1 << OFFSET_BITS) - 1
 MAX_SEGMENT_ID = (1 << (64 - OFFSET_BITS)) - 1
 
-DRAM = "dram"
+# Module constants: a hot loop reads a global faster than an enum class attribute.
+DRAM = Tier.DRAM
+SSD = Tier.SSD
+TIERS = tuple(Tier)
+# Room an object takes in an SSD tier: the store node's file is a 64-byte header, the
+# key (at most 1 KiB) and the data, padded to 4 KiB (kvstore/store/ssd_format.py).
+# Accounting for the worst case keeps the node's disk use under its cap by construction.
+_SSD_OVERHEAD = 64 + MAX_KEY_BYTES
+
+
+def alloc_size(tier: Tier, size: int) -> int:
+    """The bytes an object of `size` takes from a segment of `tier`'s allocator."""
+    if tier == DRAM:
+        return size
+    return (size + _SSD_OVERHEAD + 4095) & ~4095
 
 
 class Segment:
@@ -41,7 +58,7 @@ class Segment:
         name: str,
         base_addr: int,
         size: int,
-        tier: str,
+        tier: Tier,
         alignment: int,
     ) -> None:
         self.seg_id = seg_id
@@ -67,10 +84,10 @@ class SegmentMap:
 
     def __init__(self) -> None:
         self.by_id: dict[int, Segment] = {}
-        self.by_node: dict[str, dict[str, Segment]] = {}  # node -> tier -> segment
+        self.by_node: dict[str, dict[Tier, Segment]] = {}  # node -> tier -> segment
         self._next_id = 1
 
-    def add(self, node_id: str, name: str, base_addr: int, size: int, tier: str, alignment: int) -> Segment:
+    def add(self, node_id: str, name: str, base_addr: int, size: int, tier: Tier, alignment: int) -> Segment:
         if self._next_id > MAX_SEGMENT_ID:
             raise OverflowError("segment ids exhausted; restart the master")
         seg = Segment(self._next_id, node_id, name, base_addr, size, tier, alignment)
@@ -92,9 +109,9 @@ class SegmentMap:
         if not tiers:
             del self.by_node[seg.node_id]
 
-    def get(self, node_id: str, tier: str) -> Segment | None:
+    def get(self, node_id: str, tier: Tier) -> Segment | None:
         tiers = self.by_node.get(node_id)
         return tiers.get(tier) if tiers else None
 
-    def tier(self, tier: str) -> list[Segment]:
+    def tier(self, tier: Tier) -> list[Segment]:
         return [s for s in self.by_id.values() if s.tier == tier]
