@@ -35,6 +35,14 @@ from typing import Any, Protocol
 
 from kvstore.errors import KVStoreError
 from kvstore_client import Lease
+from kvstore_vllm.groups import (
+    FULL,
+    GroupKeys,
+    best_hit,
+    cdiv,
+    checkpoint_boundaries,
+    sliding_save_blocks,
+)
 from kvstore_vllm.keys import KeyPlan, block_hashes_for_blocks
 from kvstore_vllm.plans import LoadPlan, LoadReport, SavePlan, StepPlan
 from kvstore_vllm.timeline import (
@@ -56,6 +64,8 @@ class Store(Protocol):
 
     def lookup(self, keys: Sequence[bytes], ttl: float) -> Lease: ...
 
+    def exists(self, keys: Sequence[bytes]) -> list[bool]: ...
+
     def release(self, lease: Lease, keep_first: int | None = None) -> None: ...
 
     def remove(self, keys: Sequence[bytes]) -> int:
@@ -74,9 +84,15 @@ class _Req:
     loading_lease: int = 0  # lease handed to the workers, released once they report
     saved_blocks: int = 0  # leading blocks known stored (loaded, saved or planned)
     expected: int = -1  # computed tokens after the last planned step (-1: not scheduled yet)
-    block_ids: list[int] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)  # the first group's (see group_ids)
     timeline: Timeline | None = None
     hit_tokens: int = 0
+    # Several KV cache groups: each group's block table, as vLLM gave it.
+    group_ids: list[list[int]] = field(default_factory=list)
+    # (block index, keys so far) after each group's keys of a block, in the lease's key
+    # order: how many keys to keep when the lease is trimmed to fewer blocks.
+    lease_order: list[tuple[int, int]] = field(default_factory=list)
+    junction: int = 0  # tokens: where the store's full-attention prefix ended at lookup
 
 
 class SchedulerSide:
@@ -96,6 +112,7 @@ class SchedulerSide:
         self.timeline_level = logging.INFO if log_timeline else logging.DEBUG
         self.clock = clock
         self.reqs: dict[str, _Req] = {}
+        self.primary = 0  # the group whose block ids plans carry as `block_ids`
         self._reports: dict[str, LoadReport] = {}
         self._handed: set[int] = set()  # leases sent to the workers, not yet released
         self.stats = new_stats_data()
@@ -168,9 +185,12 @@ class SchedulerSide:
 
     # -- 2. allocation ---------------------------------------------------------------------
 
-    def after_alloc(self, request: Any, block_ids: Sequence[int], num_external_tokens: int) -> None:
+    def after_alloc(self, request: Any, block_ids: Sequence[int], num_external_tokens: int,
+                    group_ids: Sequence[Sequence[int]] | None = None) -> None:
         st = self._state(request)
         st.block_ids = list(block_ids)
+        if group_ids:
+            self._set_block_ids(st, group_ids)
         st.load = None
         st.expected = -1  # (re-)admitted: the next scheduled step is its first
         if num_external_tokens <= 0 or st.lease is None:
@@ -210,7 +230,8 @@ class SchedulerSide:
         for new in scheduler_output.scheduled_new_reqs:
             st = self.reqs.get(new.req_id)
             if st is not None:
-                st.block_ids = list(new.block_ids[0]) if new.block_ids else st.block_ids
+                if new.block_ids:
+                    self._set_block_ids(st, new.block_ids)
                 scheduled.append((new.req_id, new.num_computed_tokens, n_sched.get(new.req_id, 0)))
         cached = scheduler_output.scheduled_cached_reqs
         resumed: set[str] = getattr(cached, "resumed_req_ids", set()) or set()
@@ -220,25 +241,43 @@ class SchedulerSide:
                 continue
             new_ids = cached.new_block_ids[i]
             if req_id in resumed:
-                st.block_ids = list(new_ids[0]) if new_ids else []
+                self._set_block_ids(st, new_ids or ([],))
             elif new_ids:
-                st.block_ids.extend(new_ids[0])
+                for g, ids in enumerate(new_ids):
+                    if g < len(st.group_ids):
+                        st.group_ids[g].extend(ids)
+                if not st.group_ids:
+                    st.block_ids.extend(new_ids[0])
             scheduled.append((req_id, cached.num_computed_tokens[i], n_sched.get(req_id, 0)))
 
+        # Asynchronous loads go out in the step that allocated their blocks, in which
+        # the request itself is not scheduled.
+        for st in [st for st in self.reqs.values() if st.load is not None and st.load.asynchronous]:
+            self._hand_load(st, plan, now)
         for req_id, computed, n_new in scheduled:
             st = self.reqs[req_id]
             if st.load is not None:
-                load, st.load = st.load, None
-                assert st.lease is not None
-                load.lease_ttl_left = max(0.0, st.lease.expires_at - now)
-                plan.loads.append(load)
-                st.loading_lease, st.lease = st.lease.id, None
-                self._handed.add(st.loading_lease)
+                self._hand_load(st, plan, now)
             if self.saves:
                 save = self._plan_save(st, computed, n_new)
                 if save is not None:
                     plan.saves.append(save)
         return plan
+
+    def _set_block_ids(self, st: _Req, block_ids: Sequence[Sequence[int]]) -> None:
+        st.group_ids = [list(ids) for ids in block_ids]
+        st.block_ids = st.group_ids[self.primary] if len(st.group_ids) > self.primary else []
+
+    def _hand_load(self, st: _Req, plan: StepPlan, now: float) -> None:
+        load, st.load = st.load, None
+        assert load is not None and st.lease is not None
+        if load.lease_ttl_left >= 0:
+            load.lease_ttl_left = max(0.0, st.lease.expires_at - now)
+        else:
+            load.lease_ttl_left = 0.0  # doomed (see HybridSchedulerSide.after_alloc)
+        plan.loads.append(load)
+        st.loading_lease, st.lease = st.lease.id, None
+        self._handed.add(st.loading_lease)
 
     def _plan_save(self, st: _Req, computed: int, n_new: int) -> SavePlan | None:
         request = st.request
@@ -261,7 +300,10 @@ class SchedulerSide:
         if full <= st.saved_blocks:
             return None
         lo, st.saved_blocks = st.saved_blocks, full
-        return SavePlan(request.request_id, hashes[lo:full], st.block_ids[lo:full])
+        return self._save_range(st, hashes, lo, full)
+
+    def _save_range(self, st: _Req, hashes: list[bytes], lo: int, hi: int) -> SavePlan | None:
+        return SavePlan(st.request.request_id, hashes[lo:hi], st.block_ids[lo:hi])
 
     # -- 4. worker reports ----------------------------------------------------------------
 
@@ -329,3 +371,199 @@ class SchedulerSide:
 
     def held_leases(self) -> int:
         return sum(1 for st in self.reqs.values() if st.lease is not None) + len(self._handed)
+
+
+# Attempts at pinning what an Exists found, when objects go between the two calls.
+LOOKUP_ATTEMPTS = 3
+
+
+class HybridSchedulerSide(SchedulerSide):
+    """The scheduler side for a model with several KV cache groups (or one sliding-window
+    group).
+
+    A lookup first asks which objects of each group are stored (one batched Exists),
+    picks the longest prefix every group can serve (a sliding-window group needs only
+    its window at the end of the hit), then pins exactly those objects (one Lookup).
+    Loads are asynchronous to vLLM, which takes no failed blocks from such a model: a
+    failed load fails the request's receive and vLLM recomputes it. Sliding-window
+    pages are saved only around the boundaries a later hit can end at (see groups).
+    """
+
+    def __init__(self, store: Store, groups: list[GroupKeys], *, block_size: int,
+                 hash_block_size: int, loads: bool, saves: bool, lease_ttl: float,
+                 retention_interval: int | None, save_decode: bool = False,
+                 num_workers: int = 1, log_timeline: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        full = [g for g in groups if g.spec.kind == FULL]
+        primary = full[0] if full else groups[0]
+        super().__init__(store, primary.keys, block_size=block_size,
+                         hash_block_size=hash_block_size, loads=loads, saves=saves,
+                         lease_ttl=lease_ttl, save_decode=save_decode, num_workers=num_workers,
+                         log_timeline=log_timeline, clock=clock)
+        self.groups = groups
+        self.primary = primary.spec.index
+        self.retention_interval = retention_interval
+
+    # -- 1. lookup -------------------------------------------------------------------------
+
+    def lookup(self, request: Any, num_computed_tokens: int) -> int:
+        if not self.loads:
+            return 0
+        st = self._state(request)
+        if st.lease is not None:  # a retry after a failed allocation
+            self._release(st.lease)
+            st.lease = None
+        st.load, st.hit_blocks, st.hit_tokens, st.junction = None, 0, 0, 0
+        # A lookup starts the request over (admission, a failed load, a preemption):
+        # nothing of it is known stored until this lookup says so.
+        st.saved_blocks = 0
+        usable = request.num_tokens - 1
+        bs = self.block_size
+        first = num_computed_tokens // bs
+        hashes = self._block_hashes(request)
+        last = min(len(hashes), cdiv(usable, bs))
+        if first >= last:
+            return 0
+        span = hashes[first:last]
+        by_group = {g.spec.index: [g.keys.block_keys(h) for h in span] for g in self.groups}
+        tl = Timeline()
+        tl.mark(LOOKUP_START, self.clock())
+        lease: Lease | None = None
+        k, tokens = first, 0
+        order: list[tuple[int, int]] = []
+        try:
+            for _ in range(LOOKUP_ATTEMPTS):
+                flat = [key for g in self.groups for blk in by_group[g.spec.index] for key in blk]
+                found = self.store.exists(flat)
+                present: dict[int, list[bool]] = {}
+                pos = 0
+                for g in self.groups:
+                    per = g.keys.keys_per_block
+                    present[g.spec.index] = [all(found[pos + i * per:pos + (i + 1) * per])
+                                             for i in range(len(span))]
+                    pos += per * len(span)
+                k, extent = best_hit([g.spec for g in self.groups], present, first=first,
+                                     last=last, usable=usable, block_size=bs)
+                # The store's full-attention prefix reaches further than any group can
+                # serve: this request saves a window there, for the next one.
+                st.junction = extent * bs if extent > k else 0
+                if k == first:
+                    break
+                tokens = min(k * bs, usable)
+                keys, order = self._hit_keys(by_group, first, k, tokens)
+                lease = self.store.lookup(keys, self.lease_ttl)
+                if lease.count == len(keys):
+                    break
+                # Some object went between the Exists and the Lookup: ask again.
+                self._release(lease)
+                lease, k = None, first
+                add_counter(self.stats, "lookup_races")
+        except KVStoreError as exc:
+            add_counter(self.stats, "lookup_failures")
+            log.debug("lookup for %s failed (%s): counted as a miss", request.request_id, exc)
+            if lease is not None:
+                self._release(lease)
+            return 0
+        tl.mark(LOOKUP_COMMITTED, self.clock())
+        add_counter(self.stats, "lookups")
+        add_counter(self.stats, "lookup_blocks", last - first)
+        observe(self.stats, "lookup", tl.points[LOOKUP_COMMITTED] - tl.points[LOOKUP_START])
+        if lease is None or k == first:
+            return 0
+        st.lease, st.lookup_first_block, st.hit_blocks, st.timeline = lease, first, k - first, tl
+        st.lease_order = order
+        st.hit_tokens = tokens - num_computed_tokens
+        return max(0, st.hit_tokens)
+
+    def _hit_keys(self, by_group: dict[int, list[list[bytes]]], first: int, k: int,
+                  tokens: int) -> tuple[list[bytes], list[tuple[int, int]]]:
+        """Every group's keys of a hit of `tokens` tokens ending at block k, block-major
+        (so trimming the lease to fewer blocks keeps a prefix of it)."""
+        needed = {g.spec.index: g.spec.needed(first, tokens, self.block_size) for g in self.groups}
+        keys: list[bytes] = []
+        order: list[tuple[int, int]] = []
+        for i in range(first, k):
+            for g in self.groups:
+                if i in needed[g.spec.index]:
+                    keys.extend(by_group[g.spec.index][i - first])
+                    order.append((i, len(keys)))
+        return keys, order
+
+    # -- 2. allocation ---------------------------------------------------------------------
+
+    def after_alloc(self, request: Any, block_ids: Sequence[int], num_external_tokens: int,
+                    group_ids: Sequence[Sequence[int]] | None = None) -> None:
+        st = self._state(request)
+        if group_ids:
+            self._set_block_ids(st, group_ids)
+        st.load = None
+        st.expected = -1
+        if num_external_tokens <= 0 or st.lease is None:
+            if num_external_tokens > 0:
+                log.warning("request %s: vLLM asked to load %d tokens this connector did not "
+                            "promise; ignoring", request.request_id, num_external_tokens)
+            # No hit, another connector's, or the second call after an asynchronous
+            # load (the lease went with the workers' report).
+            self._release(st.lease)
+            st.lease, st.timeline = None, None
+            return
+        bs = self.block_size
+        first = st.lookup_first_block
+        tokens = first * bs + num_external_tokens
+        n = min(cdiv(tokens, bs) - first, st.hit_blocks)
+        pinned = {i for i, _ in st.lease_order}  # blocks with some group's keys pinned
+        doomed = False
+        if n < st.hit_blocks:
+            keep = max((c for i, c in st.lease_order if i < first + n), default=0)
+            self._release(st.lease, keep_first=keep)
+            st.lease_order = [(i, c) for i, c in st.lease_order if i < first + n]
+            pinned = {i for i, _ in st.lease_order}
+        st.hit_blocks = n
+        group_block_ids: list[list[int]] = [[-1] * n for _ in range(len(st.group_ids))]
+        lease_keys = set(st.lease.keys)
+        for g in self.groups:
+            need = g.spec.needed(first, tokens, bs)
+            table = st.group_ids[g.spec.index] if g.spec.index < len(st.group_ids) else []
+            hashes_g = self._block_hashes(request)
+            for i in need:
+                if i >= len(table) or i not in pinned or not all(
+                        key in lease_keys for key in g.keys.block_keys(hashes_g[i])):
+                    # Fewer tokens than promised moved the window onto blocks this
+                    # lease does not hold (vLLM trims hits only for bounded replay):
+                    # the load cannot be whole, so it fails and vLLM recomputes.
+                    doomed = True
+                    continue
+                group_block_ids[g.spec.index][i - first] = table[i]
+        assert st.timeline is not None
+        st.timeline.mark(BLOCKS_ALLOCATED, self.clock())
+        hashes = self._block_hashes(request)[first:first + n]
+        st.load = LoadPlan(request.request_id, st.lease.id, -1.0 if doomed else 0.0, hashes,
+                           st.block_ids[first:first + n], first,
+                           group_block_ids=group_block_ids, asynchronous=True)
+        st.saved_blocks = first + n
+        add_counter(self.stats, "hit_tokens", num_external_tokens)
+        add_counter(self.stats, "hit_blocks", n)
+
+    # -- 3. saves --------------------------------------------------------------------------
+
+    def _save_range(self, st: _Req, hashes: list[bytes], lo: int, hi: int) -> SavePlan | None:
+        request = st.request
+        bs = self.block_size
+        junctions = [st.junction, int(getattr(request, "shared_prefix_boundary", 0) or 0)]
+        boundaries = checkpoint_boundaries(num_prompt_tokens=request.num_prompt_tokens,
+                                           block_size=bs, interval=self.retention_interval,
+                                           junctions=junctions)
+        prompt_blocks = request.num_prompt_tokens // bs
+        group_block_ids: list[list[int]] = [[-1] * (hi - lo) for _ in range(len(st.group_ids))]
+        for g in self.groups:
+            table = st.group_ids[g.spec.index] if g.spec.index < len(st.group_ids) else []
+            keep = set(sliding_save_blocks(g.spec, boundaries, lo, min(hi, prompt_blocks), bs))
+            # Blocks filled while decoding (save_decode): no boundary is known yet.
+            keep.update(range(max(lo, prompt_blocks), hi))
+            for i in keep:
+                if i < len(table):
+                    group_block_ids[g.spec.index][i - lo] = table[i]
+        if all(b < 0 for ids in group_block_ids for b in ids):
+            return None
+        return SavePlan(request.request_id, hashes[lo:hi], st.block_ids[lo:hi],
+                        group_block_ids=group_block_ids)

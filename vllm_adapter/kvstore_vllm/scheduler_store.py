@@ -34,6 +34,9 @@ class LinkStore:
     def lookup(self, keys: Sequence[bytes], ttl: float) -> Lease:
         return self.link.call(lambda c: c.lookup(keys, ttl))
 
+    def exists(self, keys: Sequence[bytes]) -> list[bool]:
+        return self.link.call(lambda c: c.exists(keys))
+
     def release(self, lease: Lease, keep_first: int | None = None) -> None:
         async def op(client: AsyncKVStoreClient) -> None:
             await client.release(lease, keep_first)

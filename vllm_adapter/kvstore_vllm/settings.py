@@ -44,6 +44,11 @@ class Settings:
     same_host: bool = True
     # Log each request's load timeline at INFO (otherwise at DEBUG).
     log_timeline: bool = False
+    # Where sliding-window groups save their window: "" follows vLLM's
+    # prefix_cache_retention_interval, "dense" saves every block, "0" only where a later
+    # request can resume (the prompt's end, prefixes shared with stored requests), "N"
+    # also every N tokens.
+    sliding_window_checkpoints: str = ""
     # Registered staging memory for layouts whose pages are not contiguous.
     staging_bytes: int = 64 << 20
     # Security: a file holding the client token (never the token itself: vLLM logs its

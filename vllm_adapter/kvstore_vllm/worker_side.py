@@ -16,6 +16,16 @@ One step, as vLLM drives it:
 
 A failed, corrupt or lease-expired read marks its block failed: vLLM recomputes it
 (kv_load_failure_policy "recompute"). A failed write is a future miss, never an error.
+
+Models with several KV cache groups (sliding window next to full attention): each
+layer's pages go to and from its group's block of the plan (-1: the group skips that
+block). vLLM 0.32 cannot take failed blocks from such a model, so their loads are
+asynchronous to it: submitted when the step's metadata is bound (they run during the
+forward of the other requests), waited for at the end of the step, and reported as a
+finished receive, or a failed one, for the whole request (vLLM then recomputes it).
+
+MLA: every TP rank holds the same latent KV, so all ranks read the same objects and
+only one rank (`writes`) saves them.
 """
 
 from __future__ import annotations
@@ -35,7 +45,7 @@ from kvstore_client import AsyncKVStoreClient, Lease
 from kvstore_vllm.keys import RankLayers
 from kvstore_vllm.link import StoreLink
 from kvstore_vllm.pages import KVPages, Staging, gather, scatter
-from kvstore_vllm.plans import LoadPlan, LoadReport, StepPlan
+from kvstore_vllm.plans import LoadPlan, LoadReport, StepPlan, destinations
 from kvstore_vllm.timeline import (
     FORWARD_START,
     TRANSFER_COMPLETE,
@@ -68,8 +78,9 @@ class _Done:
 class _Load:
     plan: LoadPlan
     lease: Lease
-    # (layers, future) per job; every job covers all blocks of the plan.
-    jobs: list[tuple[tuple[str, ...], concurrent.futures.Future[_Done]]] = field(
+    # (layers, local block of each key read, future) per job; every job covers all
+    # blocks of the plan that its layers' groups load.
+    jobs: list[tuple[tuple[str, ...], list[int], concurrent.futures.Future[_Done]]] = field(
         default_factory=list)
     timeline: Timeline = field(default_factory=Timeline)
 
@@ -87,9 +98,13 @@ def _outcome(fut: concurrent.futures.Future[_Done]) -> _Done:
 
 class WorkerSide:
     def __init__(self, link: StoreLink, rank: RankLayers, *, num_blocks: int, layerwise_load: bool,
-                 staging_bytes: int, clock: Callable[[], float] = time.monotonic) -> None:
+                 staging_bytes: int, layer_groups: dict[str, int] | None = None,
+                 writes: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
         self.link = link
         self.rank = rank
+        # vLLM's KV cache group of each layer (one group: all 0).
+        self.layer_groups = layer_groups or dict.fromkeys(rank.layers, 0)
+        self.writes = writes  # False: another rank saves the same objects (MLA)
         self.num_blocks = num_blocks
         self.layerwise_load = layerwise_load
         self.staging_bytes = staging_bytes
@@ -99,13 +114,17 @@ class WorkerSide:
         self._staging_lock: asyncio.Lock | None = None
         # -- per step
         self._loads: list[_Load] = []
-        self._save_plan: list[tuple[bytes, int]] = []  # (block hash, block id)
+        self._save_plan: list[tuple[bytes, int]] = []  # (block hash, block id) per block
+        # Per layer: (key, local block, position in the step's Exists) of each page to save.
+        self._save_pages: dict[str, list[tuple[bytes, int, int]]] = {}
         self._exists: concurrent.futures.Future[list[bool]] | None = None
         self._saves: dict[str, concurrent.futures.Future[_Done]] = {}
         self._forward_started: float | None = None
         self._waited_layers: set[str] = set()
         # -- taken by vLLM after each step
         self._failed_blocks: set[int] = set()
+        self._finished_recving: set[str] = set()
+        self._failed_recving: set[str] = set()
         self._reports: dict[str, LoadReport] = {}
         self.stats = new_stats_data()
 
@@ -131,33 +150,54 @@ class WorkerSide:
         self._loads, self._saves, self._exists = [], {}, None
         self._forward_started = None
         self._waited_layers = set()
-        self._save_plan = [(h, b) for s in plan.saves
-                           for h, b in zip(s.block_hashes, s.block_ids, strict=True)]
+        self._save_plan, self._save_pages = [], {}
+        if self.writes:
+            self._plan_saves(plan)
         if self._save_plan and self.pages is not None:
-            keys = [k for h, _ in self._save_plan for k in self.rank.keys(h)]
+            keys = [k for k, _, _ in sorted((item for pages in self._save_pages.values()
+                                              for item in pages), key=lambda item: item[2])]
             try:
                 self._exists = self.link.submit(lambda c: c.exists(keys))
             except KVStoreError:
                 self._exists = None
+        # Asynchronous loads fill blocks no request of this step reads: start them now,
+        # alongside the forward.
+        self._start([lp for lp in plan.loads if lp.asynchronous])
+
+    def _plan_saves(self, plan: StepPlan) -> None:
+        pos = 0
+        for s in plan.saves:
+            per_group = {g: destinations(s, g) for g in set(self.layer_groups.values())}
+            for j, h in enumerate(s.block_hashes):
+                self._save_plan.append((h, s.block_ids[j]))
+                for name, key in zip(self.rank.layers, self.rank.keys(h), strict=True):
+                    b = per_group[self.layer_groups[name]][j]
+                    if b >= 0:
+                        self._save_pages.setdefault(name, []).append((key, b, pos))
+                        pos += 1
 
     def start_loads(self, plan: StepPlan) -> None:
-        if not plan.loads or self.pages is None:
+        self._start([lp for lp in plan.loads if not lp.asynchronous])
+
+    def _start(self, loads: list[LoadPlan]) -> None:
+        if not loads or self.pages is None:
             return
         now = self.clock()
-        for lp in plan.loads:
+        for lp in loads:
             keys = [k for h in lp.block_hashes for k in self.rank.keys(h)]
             lease = Lease(lp.lease_id, keys, now + lp.lease_ttl_left - LEASE_MARGIN)
             load = _Load(lp, lease)
             load.timeline.mark(TRANSFER_SUBMITTED, now)
-            groups = ([(n,) for n in self.rank.layers] if self.layerwise_load
-                      else [tuple(self.rank.layers)])
-            for layers in groups:
+            jobs = ([(n,) for n in self.rank.layers] if self.layerwise_load and not lp.asynchronous
+                    else [tuple(self.rank.layers)])
+            for layers in jobs:
+                owners: list[int] = []
                 try:
-                    fut = self.link.submit(self._load_job(lp, lease, layers))
+                    fut = self.link.submit(self._load_job(lp, lease, layers, owners))
                 except KVStoreError as exc:
                     fut = concurrent.futures.Future()
                     fut.set_result(_Done([], failure=exc))
-                load.jobs.append((layers, fut))
+                load.jobs.append((layers, owners, fut))
             self._loads.append(load)
 
     def wait_layer(self, layer_name: str) -> None:
@@ -166,7 +206,9 @@ class WorkerSide:
             self._forward_started = now
         self._waited_layers.add(layer_name)
         for load in self._loads:
-            for layers, fut in load.jobs:
+            if load.plan.asynchronous:
+                continue  # no request of this step reads those blocks
+            for layers, _, fut in load.jobs:
                 if layer_name in layers or not self.layerwise_load:
                     t = self.clock()
                     concurrent.futures.wait([fut])
@@ -177,7 +219,7 @@ class WorkerSide:
             self._forward_started = self.clock()
         if not self._save_plan or layer_name in self._saves or self.pages is None:
             return
-        if layer_name not in self.pages.layers:
+        if layer_name not in self._save_pages:
             return
         self._saves[layer_name] = self._submit_save(layer_name)
 
@@ -185,16 +227,22 @@ class WorkerSide:
         """Wait for this step's writes and reads; collect failures and reports."""
         wait_started = self.clock()
         if self._save_plan and self.pages is not None:
-            for name in self.rank.layers:  # layers whose save hook did not run
+            for name in self._save_pages:  # layers whose save hook did not run
                 if name not in self._saves:
                     self._saves[name] = self._submit_save(name)
         self._collect_saves(wait_started)
         self._collect_loads()
-        self._save_plan, self._saves, self._exists = [], {}, None
+        self._save_plan, self._save_pages, self._saves, self._exists = [], {}, {}, None
 
     def take_failed_blocks(self) -> set[int]:
         out, self._failed_blocks = self._failed_blocks, set()
         return out
+
+    def take_transfer_results(self) -> tuple[set[str], set[str]]:
+        """Asynchronous loads done since the last call: (finished, failed among them)."""
+        done, failed = self._finished_recving, self._failed_recving
+        self._finished_recving, self._failed_recving = set(), set()
+        return done, failed
 
     def take_reports(self) -> dict[str, LoadReport]:
         out, self._reports = self._reports, {}
@@ -206,17 +254,22 @@ class WorkerSide:
 
     # -- loads ----------------------------------------------------------------------------
 
-    def _load_job(self, lp: LoadPlan, lease: Lease,
-                  layers: Sequence[str]) -> Callable[[AsyncKVStoreClient], Any]:
+    def _load_job(self, lp: LoadPlan, lease: Lease, layers: Sequence[str],
+                  owners: list[int]) -> Callable[[AsyncKVStoreClient], Any]:
+        """The read of `layers`' pages of the plan; fills `owners` with the local block
+        (of the first group) that each key's failure fails."""
         assert self.pages is not None
         pages = self.pages
         keys: list[bytes] = []
         targets: list[torch.Tensor] = []
-        for h, b in zip(lp.block_hashes, lp.block_ids, strict=True):
+        per_group = {g: destinations(lp, g) for g in set(self.layer_groups.values())}
+        for j, h in enumerate(lp.block_hashes):
             for name, key in zip(self.rank.layers, self.rank.keys(h), strict=True):
-                if name in layers:
+                b = per_group[self.layer_groups[name]][j]
+                if name in layers and b >= 0:
                     keys.append(key)
                     targets.append(pages.layers[name].page(b))
+                    owners.append(lp.block_ids[j])
 
         async def job(client: AsyncKVStoreClient) -> _Done:
             started = self.clock()
@@ -257,18 +310,19 @@ class WorkerSide:
             lp, tl = load.plan, load.timeline
             failed: set[int] = set()
             corrupt: list[bytes] = []
-            kpb_layers = len(self.rank.layers)
-            for layers, fut in load.jobs:
+            n_objects = 0
+            for layers, owners, fut in load.jobs:
                 done = _outcome(fut)
-                if done.failure is not None or len(done.errors) != len(lp.block_ids) * len(layers):
+                n_objects += len(owners)
+                if done.failure is not None or len(done.errors) != len(owners):
                     failed.update(lp.block_ids)
                     add_counter(self.stats, "load_job_failures")
                     log.warning("kvstore: loading %d blocks of request %s failed (%s); vLLM "
                                 "recomputes them", len(lp.block_ids), lp.req_id, done.failure)
                 else:
-                    for i, err in enumerate(done.errors):
+                    for owner, err in zip(owners, done.errors, strict=True):
                         if err is not None:
-                            failed.add(lp.block_ids[i // len(layers)])
+                            failed.add(owner)
                             if isinstance(err, CorruptObject) and err.key is not None:
                                 corrupt.append(err.key)
                 add_counter(self.stats, "load_bytes", done.nbytes)
@@ -282,7 +336,7 @@ class WorkerSide:
             observe(self.stats, "load_transfer", transfer)
             add_counter(self.stats, "load_seconds", transfer)
             add_counter(self.stats, "load_blocks", len(lp.block_ids))
-            add_counter(self.stats, "load_objects", len(lp.block_ids) * kpb_layers)
+            add_counter(self.stats, "load_objects", n_objects)
             if failed:
                 add_counter(self.stats, "load_failed_blocks", len(failed))
                 if corrupt:
@@ -290,9 +344,16 @@ class WorkerSide:
                 log.warning("kvstore: %d of %d loaded blocks of request %s failed (corrupt: %d); "
                             "vLLM recomputes them", len(failed), len(lp.block_ids), lp.req_id,
                             len(corrupt))
-            self._failed_blocks |= failed
+            if lp.asynchronous:
+                # vLLM takes no failed blocks from a model with several groups: the
+                # whole request is reported failed and recomputed.
+                self._finished_recving.add(lp.req_id)
+                if failed:
+                    self._failed_recving.add(lp.req_id)
+            else:
+                self._failed_blocks |= failed
             self._reports[lp.req_id] = LoadReport(lp.req_id, lp.lease_id, 1, sorted(failed),
-                                                  corrupt, tl)
+                                                  corrupt, tl, failed=bool(failed))
         self._loads = []
 
     # -- saves ----------------------------------------------------------------------------
@@ -300,13 +361,11 @@ class WorkerSide:
     def _submit_save(self, layer_name: str) -> concurrent.futures.Future[_Done]:
         assert self.pages is not None
         lp = self.pages.layers[layer_name]
-        idx = self.rank.layers.index(layer_name)
-        n_layers = len(self.rank.layers)
         keys, sources, positions = [], [], []
-        for j, (h, b) in enumerate(self._save_plan):
-            keys.append(self.rank.keys(h)[idx])
+        for key, b, pos in self._save_pages[layer_name]:
+            keys.append(key)
             sources.append(lp.page(b))
-            positions.append(j * n_layers + idx)
+            positions.append(pos)
         exists = self._exists
         submitted = self.clock()
         # On a GPU the attention kernel that wrote these pages may still be running:
