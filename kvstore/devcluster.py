@@ -9,7 +9,9 @@ Secure by default: the master and the nodes serve TLS with a CA made for this da
 directory, and check tokens (kvstore.security.devca). The client and admin tokens and the
 CA are written to the credentials file (~/.config/kvstore/credentials.json, or
 $KVSTORE_CREDENTIALS) under "127.0.0.1:ETCD_PORT/CLUSTER", where clients and the admin
-CLI pointed at this etcd find them without any setting. `--insecure` starts it open.
+CLI pointed at this etcd find them without any setting. `--insecure` starts it open, and
+removes that entry: a secure run's CA left there would have every client try TLS against
+the plaintext master.
 """
 
 from __future__ import annotations
@@ -25,7 +27,12 @@ from pathlib import Path
 
 from kvstore.errors import InvalidArgument, Unavailable
 from kvstore.security.credentials import credentials_path
-from kvstore.security.devca import DEV_TENANT, ensure_dev_secrets, write_credentials
+from kvstore.security.devca import (
+    DEV_TENANT,
+    ensure_dev_secrets,
+    remove_credentials,
+    write_credentials,
+)
 
 
 @dataclass
@@ -40,6 +47,7 @@ class UpOptions:
     extra_master_args: list[str] = field(default_factory=list)
     extra_store_args: list[str] = field(default_factory=list)
     secure: bool = True
+    removed_credentials: bool = False  # set by start(): --insecure removed a stale entry
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -111,6 +119,8 @@ class DevCluster:
             secure = ["--tls-cert", str(sec.cert), "--tls-key", str(sec.key), "--tls-ca", str(sec.ca),
                       "--auth-file", str(sec.access), "--token-file", str(sec.node_token_file)]
             write_credentials(credentials_path(), f"{etcd}/{o.cluster}", sec.client_credentials())
+        else:
+            o.removed_credentials = remove_credentials(credentials_path(), f"{etcd}/{o.cluster}")
         master = [*kv, "master", "--etcd", etcd, "--listen", f"127.0.0.1:{o.master_port}",
                   "--cluster", o.cluster, *secure, *o.extra_master_args]
         if o.metrics_port:
@@ -177,6 +187,9 @@ def run_up(opts: UpOptions) -> int:
                   f"in {credentials_path()}")
         else:
             print("  security    none (--insecure): anyone on this host can read and write")
+            if opts.removed_credentials:
+                print(f"              (removed this cluster's entry from {credentials_path()}: "
+                      "it held a secure run's CA and tokens)")
         print("Ctrl-C stops everything.", flush=True)
         return cluster.wait()
     finally:

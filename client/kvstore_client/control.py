@@ -17,7 +17,10 @@ when a new leader is announced.
 Security: the control objects take the client's `Credentials`. TLS is used when the
 leader's record says it serves TLS, or when the client was given a CA (so an etcd
 entry cannot talk a client that expects TLS into plaintext); the token goes in every
-gRPC call's metadata, and in one `Authenticate` per fast connection.
+gRPC call's metadata, and in one `Authenticate` per fast connection. A master that
+speaks the other layer (plaintext to our TLS, TLS to our plaintext) is not retried: the
+call fails at once with TlsMismatch, whose sentence says where the client's CA came from
+(`Credentials.mismatch`).
 """
 
 from __future__ import annotations
@@ -35,9 +38,10 @@ from kvstore.coord.etcd import read_key_sync
 from kvstore.coord.layout import Layout, MasterRecord
 from kvstore.errors import Code, InvalidArgument, Unavailable, error_for
 from kvstore.rpc.aio_client import AsyncFastChannel
-from kvstore.rpc.client import FastChannel
+from kvstore.rpc.client import PROBE_TIMEOUT, FastChannel, WrongLayer
 from kvstore.rpc.framing import split_address
 from kvstore.security.credentials import Credentials
+from kvstore.security.tls import speaks_tls, speaks_tls_async
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
 
@@ -119,10 +123,27 @@ def tls_refused(address: str, exc: ssl.SSLError) -> Unavailable:
         "the certificate (tls_server_name=)")
 
 
-def _fast_args(address: str, tls: bool, creds: Credentials) -> dict[str, Any]:
+def _fast_args(address: str, tls: bool, creds: Credentials,
+               announced: bool | None) -> dict[str, Any]:
     return {"tls": creds.tls.ssl_context() if tls else None,
             "server_hostname": creds.tls.hostname(split_address(address)[0]),
-            "token": creds.token}
+            "token": creds.token,
+            # TLS only because of a CA the client holds: the master may well be plaintext.
+            "plaintext_check": tls and announced is False}
+
+
+# BoringSSL's and OpenSSL's word for a handshake answered by something that is not TLS.
+NOT_TLS = "WRONG_VERSION_NUMBER"
+
+
+def grpc_wrong_layer(exc: Any, address: str, tls: bool) -> bool | None:
+    """From a failed gRPC call: whether the server speaks the other layer. None: it does
+    not, or it cannot be told. The plaintext case asks with a ClientHello (speaks_tls)."""
+    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return None
+    if tls:
+        return False if NOT_TLS in (exc.details() or "") else None
+    return True if speaks_tls(address, PROBE_TIMEOUT) else None
 
 
 REPLY_SPIN_US = 300  # the default; KVSTORE_REPLY_SPIN_US overrides it (0: never poll)
@@ -180,6 +201,8 @@ class GrpcControl:
     def __init__(self, address: str, tls: bool = False, creds: Credentials | None = None) -> None:
         creds = creds or Credentials()
         self.address = address
+        self._creds, self._tls = creds, tls
+        self._probed = False  # asked once whether a TLS server is there (see _failure)
         self._channel: grpc.Channel = creds.grpc_channel(address, tls, GRPC_OPTIONS)
         self._md = creds.metadata()
         self._stub = pbg.MasterStub(self._channel)
@@ -198,6 +221,11 @@ class GrpcControl:
         code = exc.code().name  # type: ignore[attr-defined]
         if code not in RETRIABLE:
             return unanswered(method, self.address, code)
+        if self._tls or not self._probed:
+            self._probed = not self._tls
+            peer_tls = grpc_wrong_layer(exc, self.address, self._tls)
+            if peer_tls is not None:
+                return self._creds.mismatch(self.address, peer_tls)
         return Retry(f"{self.address}: {code}")
 
     def ask(self, method: str, request: Any, timeout: float) -> Any:
@@ -235,10 +263,12 @@ class GrpcControl:
 class FastControl:
     transport = "fast"
 
-    def __init__(self, address: str, tls: bool = False, creds: Credentials | None = None) -> None:
+    def __init__(self, address: str, tls: bool = False, creds: Credentials | None = None,
+                 announced: bool | None = None) -> None:
         self.address = address
+        self._creds = creds or Credentials()
         self.channel = FastChannel(address, spin=reply_spin(),
-                                   **_fast_args(address, tls, creds or Credentials()))
+                                   **_fast_args(address, tls, self._creds, announced))
 
     def call(self, method: str, request: Any, timeout: float, spin: bool = True) -> Any:
         return self.answer(self.ask(method, request, timeout), method, spin)
@@ -249,6 +279,8 @@ class FastControl:
             return self.channel.ask(method, request, timeout)
         except ssl.SSLCertVerificationError as exc:
             raise tls_refused(self.address, exc) from exc
+        except WrongLayer as exc:
+            raise self._creds.mismatch(self.address, exc.peer_tls) from exc
         except OSError as exc:
             raise Retry(f"{self.address}: {_why(exc)}") from exc
 
@@ -256,6 +288,8 @@ class FastControl:
         """The reply; with `spin` False (engine transfers are moving), never polled for."""
         try:
             return self.channel.answer(asked, spin)
+        except WrongLayer as exc:
+            raise self._creds.mismatch(self.address, exc.peer_tls) from exc
         except OSError as exc:
             raise Retry(f"{self.address}: {_why(exc)}") from exc
 
@@ -280,7 +314,7 @@ def open_control(record: MasterRecord, transport: Transport, given_up: str = "",
     creds = creds or Credentials()
     kind, address = target(record, transport, given_up)
     tls = uses_tls(record, creds)
-    return (FastControl(address, tls, creds) if kind == "fast"
+    return (FastControl(address, tls, creds, announced=record.tls) if kind == "fast"
             else GrpcControl(address, tls, creds))
 
 
@@ -293,6 +327,8 @@ class AsyncGrpcControl:
     def __init__(self, address: str, tls: bool = False, creds: Credentials | None = None) -> None:
         creds = creds or Credentials()
         self.address = address
+        self._creds, self._tls = creds, tls
+        self._probed = False  # as GrpcControl's
         self._channel: grpc.aio.Channel = creds.grpc_channel(address, tls, GRPC_OPTIONS, aio=True)
         self._md = creds.metadata()
         self._stub = pbg.MasterStub(self._channel)
@@ -304,7 +340,20 @@ class AsyncGrpcControl:
             code = exc.code().name
             if code not in RETRIABLE:
                 raise unanswered(method, self.address, code) from exc
+            if self._tls or not self._probed:
+                self._probed = not self._tls
+                peer_tls = await self._wrong_layer(exc)
+                if peer_tls is not None:
+                    raise self._creds.mismatch(self.address, peer_tls) from exc
             raise Retry(f"{self.address}: {code}") from exc
+
+    async def _wrong_layer(self, exc: grpc.aio.AioRpcError) -> bool | None:
+        """grpc_wrong_layer without blocking the loop."""
+        if exc.code() != grpc.StatusCode.UNAVAILABLE:
+            return None
+        if self._tls:
+            return False if NOT_TLS in (exc.details() or "") else None
+        return True if await speaks_tls_async(self.address, PROBE_TIMEOUT) else None
 
     def release_oneway(self, lease_id: int) -> bool:
         return False  # gRPC has no one-way call: the client sends a normal one
@@ -316,15 +365,20 @@ class AsyncGrpcControl:
 class AsyncFastControl:
     transport = "fast"
 
-    def __init__(self, address: str, tls: bool = False, creds: Credentials | None = None) -> None:
+    def __init__(self, address: str, tls: bool = False, creds: Credentials | None = None,
+                 announced: bool | None = None) -> None:
         self.address = address
-        self.channel = AsyncFastChannel(address, **_fast_args(address, tls, creds or Credentials()))
+        self._creds = creds or Credentials()
+        self.channel = AsyncFastChannel(address, **_fast_args(address, tls, self._creds,
+                                                              announced))
 
     async def call(self, method: str, request: Any, timeout: float) -> Any:
         try:
             return await self.channel.call(method, request, timeout)
         except ssl.SSLCertVerificationError as exc:
             raise tls_refused(self.address, exc) from exc
+        except WrongLayer as exc:
+            raise self._creds.mismatch(self.address, exc.peer_tls) from exc
         except OSError as exc:
             raise Retry(f"{self.address}: {_why(exc)}") from exc
 
@@ -344,5 +398,5 @@ def open_async_control(record: MasterRecord, transport: Transport, given_up: str
     creds = creds or Credentials()
     kind, address = target(record, transport, given_up)
     tls = uses_tls(record, creds)
-    return (AsyncFastControl(address, tls, creds) if kind == "fast"
+    return (AsyncFastControl(address, tls, creds, announced=record.tls) if kind == "fast"
             else AsyncGrpcControl(address, tls, creds))

@@ -5,7 +5,8 @@ connection's `pending` table; replies may come back in any order and complete th
 future with their id. A call that times out gives up its future (a late reply is
 dropped); a lost connection fails every pending call with ConnectionError, and the next
 call connects again. TLS and the token work as in the blocking client (kvstore.rpc.client):
-a new connection authenticates, and waits for the answer, before any call uses it.
+a new connection authenticates, and waits for the answer, before any call uses it; a
+TLS setting that is not the server's raises WrongLayer at once, found out the same way.
 """
 
 from __future__ import annotations
@@ -17,16 +18,20 @@ from typing import cast
 from google.protobuf.message import Message
 
 from kvstore.errors import error_for
+from kvstore.rpc.client import PROBE_ID, PROBE_TAG, PROBE_TIMEOUT, WrongLayer
 from kvstore.rpc.framing import (
     HEADER,
+    HEADER_SIZE,
     MAX_FRAME,
     ONE_WAY,
+    REPLY_ERROR,
     REPLY_OK,
     FrameDecoder,
     FrameError,
     split_address,
 )
 from kvstore.rpc.methods import METHODS
+from kvstore.security.tls import speaks_tls_async
 from kvstore.v1 import common_pb2 as cpb
 from kvstore.v1 import master_pb2 as pb
 
@@ -38,6 +43,7 @@ class _Connection(asyncio.Protocol):
         self.address = address
         self.pending: dict[int, asyncio.Future[Reply]] = {}
         self.transport: asyncio.Transport | None = None
+        self.replied = False  # a frame came on this connection
         self._decoder = FrameDecoder(max_frame)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -59,6 +65,7 @@ class _Connection(asyncio.Protocol):
                 self.transport.abort()
             return
         for request_id, tag, payload in frames:
+            self.replied = True
             fut = self.pending.pop(request_id, None)
             if fut is not None and not fut.done():
                 fut.set_result((tag, payload))
@@ -73,9 +80,11 @@ class AsyncFastChannel:
 
     def __init__(self, address: str, *, max_frame: int = MAX_FRAME,
                  connect_timeout: float = 2.0, tls: ssl.SSLContext | None = None,
-                 server_hostname: str = "", token: str = "") -> None:
+                 server_hostname: str = "", token: str = "",
+                 plaintext_check: bool = False) -> None:
         self.address = address
         self.tls = tls
+        self.plaintext_check = plaintext_check  # see kvstore.rpc.client's module doc
         self.token = token
         self.max_frame = max_frame
         self.connect_timeout = connect_timeout  # at most; a call's own timeout may be less
@@ -111,13 +120,21 @@ class AsyncFastChannel:
             if conn is not None and conn.open:
                 return conn
             loop = asyncio.get_running_loop()
+            if self.plaintext_check and await self._plaintext_server(timeout):
+                self.connect_failures += 1
+                raise WrongLayer(self.address, peer_tls=False)
             try:
                 _, fresh = await asyncio.wait_for(loop.create_connection(
                     lambda: _Connection(self.address, self.max_frame), self._host, self._port,
                     ssl=self.tls, server_hostname=self._server_hostname if self.tls else None),
                     min(timeout, self.connect_timeout))
-            except (OSError, ssl.SSLError):  # TimeoutError included
+            except ssl.SSLCertVerificationError:
                 self.connect_failures += 1
+                raise
+            except (OSError, ssl.SSLError) as exc:  # TimeoutError included
+                self.connect_failures += 1
+                if await self._plaintext_server(timeout):
+                    raise WrongLayer(self.address, peer_tls=False) from exc
                 raise
             if self.token:
                 try:
@@ -136,6 +153,22 @@ class AsyncFastChannel:
             self.connects += 1
             self.connect_failures = 0
             return fresh
+
+    async def _plaintext_server(self, timeout: float) -> bool:
+        if self.tls is None:
+            return False
+        try:
+            async with asyncio.timeout(min(timeout, PROBE_TIMEOUT)):
+                reader, writer = await asyncio.open_connection(self._host, self._port)
+                try:
+                    writer.write(HEADER.pack(0, PROBE_ID, PROBE_TAG))
+                    data = await reader.readexactly(HEADER_SIZE)
+                finally:
+                    writer.close()
+        except (OSError, TimeoutError, asyncio.IncompleteReadError):
+            return False
+        _, request_id, tag = HEADER.unpack(data)
+        return request_id == PROBE_ID and tag in (REPLY_OK, REPLY_ERROR)
 
     async def call(self, method: str, request: Message, timeout: float) -> Message:
         """Like FastChannel.call; other calls proceed on the same connection meanwhile."""
@@ -156,6 +189,12 @@ class AsyncFastChannel:
         try:
             transport.write(HEADER.pack(len(payload), request_id, spec.id) + payload)
             tag, body = await fut
+        except ConnectionError as exc:
+            # Closed before a single reply: a TLS server given a plaintext request does so.
+            if self.tls is None and not conn.replied and \
+                    await speaks_tls_async(self.address, PROBE_TIMEOUT):
+                raise WrongLayer(self.address, peer_tls=True) from exc
+            raise
         finally:
             timer.cancel()
             conn.pending.pop(request_id, None)

@@ -19,6 +19,16 @@ Any failure of the connection (refused, reset, closed, timed out) closes the soc
 raises OSError; the next call connects again. What to do about it (retry, look up the
 leader again) is the caller's business.
 
+Except one: a channel whose TLS setting is not the server's raises WrongLayer, which no
+retry can fix. A TLS ClientHello sent to a plaintext master is taken for the start of a
+large frame and never answered, so the handshake would only time out: a TLS channel
+that was told the master may be plaintext (`plaintext_check`, when its etcd record does
+not announce TLS), and any TLS channel whose handshake fails, asks on a separate
+connection whether a plaintext master answers there (a frame naming no method, which a
+master answers with an error frame and runs nothing for; no token is sent). A plaintext
+request sent to a TLS master makes it close the connection: a plaintext channel whose
+first exchange on a connection ends that way sends a ClientHello to see if TLS answers.
+
 With `tls`, the socket is wrapped (and the master's certificate checked) as it connects;
 with `token`, the first frame on every new connection is `Authenticate`, answered before
 any other request is sent, so a refused token fails the call that connected, with the
@@ -47,16 +57,47 @@ from kvstore.rpc.framing import (
     REPLY_OK,
     split_address,
 )
-from kvstore.rpc.methods import METHODS
+from kvstore.rpc.methods import BY_ID, METHODS
+from kvstore.security.tls import speaks_tls
 from kvstore.v1 import common_pb2 as cpb
 from kvstore.v1 import master_pb2 as pb
 
 _RECV = 1 << 16
 _MORE = getattr(socket, "MSG_MORE", 0)  # elsewhere than Linux: sent at once
+PROBE_TIMEOUT = 1.0  # s a probe for the other layer (TLS or plaintext) waits for an answer
+PROBE_TAG = next(t for t in range(0xFFFF, 0, -1) if t not in BY_ID)  # names no method
+PROBE_ID = 1
 
 
 class ProtocolViolation(ConnectionError):
     """The peer sent bytes that are not the reply we wait for."""
+
+
+class WrongLayer(ConnectionError):
+    """The server speaks the other layer: plaintext to this TLS channel (`peer_tls`
+    False), or TLS to this plaintext one (True). Retrying cannot fix it."""
+
+    def __init__(self, address: str, peer_tls: bool) -> None:
+        super().__init__(f"{address} {'serves TLS' if peer_tls else 'answers in plaintext'}")
+        self.address = address
+        self.peer_tls = peer_tls
+
+
+def answers_plaintext(address: str, timeout: float) -> bool:
+    """Whether a plaintext fast-channel server answers at `address` (see the module doc)."""
+    try:
+        with socket.create_connection(split_address(address), timeout=timeout) as sock:
+            sock.sendall(HEADER.pack(0, PROBE_ID, PROBE_TAG))
+            data = b""
+            while len(data) < HEADER_SIZE:
+                chunk = sock.recv(HEADER_SIZE - len(data))
+                if not chunk:
+                    return False
+                data += chunk
+    except (OSError, ValueError):
+        return False
+    _, request_id, tag = HEADER.unpack(data)
+    return request_id == PROBE_ID and tag in (REPLY_OK, REPLY_ERROR)
 
 
 @dataclass(slots=True)
@@ -74,10 +115,13 @@ class FastChannel:
 
     def __init__(self, address: str, *, max_frame: int = MAX_FRAME,
                  connect_timeout: float = 2.0, tls: ssl.SSLContext | None = None,
-                 server_hostname: str = "", token: str = "", spin: float = 0.0) -> None:
+                 server_hostname: str = "", token: str = "", spin: float = 0.0,
+                 plaintext_check: bool = False) -> None:
         self.address = address
         self.spin = spin  # seconds to poll for a reply before sleeping in recv
         self.tls = tls
+        self.plaintext_check = plaintext_check  # see the module doc
+        self._replied = False  # a reply came on the current connection
         self.token = token
         self.max_frame = max_frame
         self.connect_timeout = connect_timeout  # at most; a call's own timeout may be less
@@ -104,8 +148,20 @@ class FastChannel:
         self._next_id = self._next_id % 0xFFFFFFFF + 1  # 1 .. 2**32-1; 0 is one-way
         return self._next_id
 
+    def _plaintext_server(self, timeout: float) -> bool:
+        return self.tls is not None and answers_plaintext(self.address,
+                                                          min(timeout, PROBE_TIMEOUT))
+
+    def _tls_server(self, exc: BaseException) -> bool:
+        """After a plaintext connection ended before any reply: is a TLS server there?"""
+        return (self.tls is None and not self._replied and isinstance(exc, ConnectionError)
+                and not isinstance(exc, WrongLayer) and speaks_tls(self.address, PROBE_TIMEOUT))
+
     def _connection(self, timeout: float) -> socket.socket:
         if self._sock is None:
+            if self.plaintext_check and self._plaintext_server(timeout):
+                self.connect_failures += 1
+                raise WrongLayer(self.address, peer_tls=False)
             try:
                 sock = socket.create_connection((self._host, self._port),
                                                 timeout=min(timeout, self.connect_timeout))
@@ -113,19 +169,33 @@ class FastChannel:
                 self.connect_failures += 1
                 raise
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._replied = False
             try:
                 if self.tls is not None:
-                    sock = self.tls.wrap_socket(sock, server_hostname=self._server_hostname)
+                    sock = self._handshake(sock, timeout)
                 if self.token:
                     self._authenticate(sock, timeout)
-            except BaseException:
+            except BaseException as exc:
                 sock.close()
                 self.connect_failures += 1
+                if self._tls_server(exc):
+                    raise WrongLayer(self.address, peer_tls=True) from exc
                 raise
             self._sock = sock
             self.connects += 1
             self.connect_failures = 0
         return self._sock
+
+    def _handshake(self, sock: socket.socket, timeout: float) -> socket.socket:
+        assert self.tls is not None
+        try:
+            return self.tls.wrap_socket(sock, server_hostname=self._server_hostname)
+        except ssl.SSLCertVerificationError:
+            raise  # a TLS server, with a certificate we do not trust
+        except OSError as exc:  # SSLError, EOF, reset, the handshake timing out
+            if self._plaintext_server(timeout):
+                raise WrongLayer(self.address, peer_tls=False) from exc
+            raise
 
     def _authenticate(self, sock: socket.socket, timeout: float) -> None:
         spec = METHODS["Authenticate"]
@@ -134,6 +204,7 @@ class FastChannel:
         sock.settimeout(timeout)
         sock.sendall(HEADER.pack(len(payload), request_id, spec.id) + payload)
         tag, body = self._reply(sock, request_id, time.monotonic() + timeout)
+        self._replied = True
         if tag != REPLY_OK:
             error = cpb.Error.FromString(body)
             raise error_for(error.code, error.message)
@@ -177,9 +248,12 @@ class FastChannel:
                                        "the reply came")
         try:
             tag, body = self._reply(asked.sock, asked.request_id, asked.deadline, spin)
-        except BaseException:
+        except BaseException as exc:
             self.close()  # a half-read reply would poison the next call
+            if self._tls_server(exc):
+                raise WrongLayer(self.address, peer_tls=True) from exc
             raise
+        self._replied = True
         if tag == REPLY_OK:
             return asked.response.FromString(body)
         error = cpb.Error.FromString(body)

@@ -10,20 +10,24 @@ Looked up in this order, first found wins, field by field:
    cluster are never offered to another.
 Whether to use TLS at all is not a client setting: the master says so in its etcd record,
 so a client can never be talked into sending its token in the clear to a TLS master.
+A CA from any of the three also makes the client use TLS (see `wants_tls`); when that
+meets a plaintext master (a stale entry after `kvstore up --insecure`, say), or plaintext
+meets a TLS one, the client fails at once with `mismatch()`'s sentence, which says where
+the CA came from.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 import grpc.aio
 
-from kvstore.errors import InvalidArgument
+from kvstore.errors import InvalidArgument, TlsMismatch
 from kvstore.security.tls import ClientTls
 
 ENV = {
@@ -49,6 +53,11 @@ class Credentials:
     tls_cert: str = ""
     tls_key: str = ""
     tls_server_name: str = ""
+    # Where tls_ca came from ("argument", "environment", "file"; "": nowhere), and the
+    # credentials file and entry looked in: for the sentence of `mismatch`.
+    tls_ca_from: str = field(default="", compare=False)
+    file: str = field(default="", compare=False)
+    entry: str = field(default="", compare=False)
 
     @property
     def tls(self) -> ClientTls:
@@ -66,6 +75,29 @@ class Credentials:
             return self.tls.secure_channel(address, options, aio=aio)
         return (grpc.aio if aio else grpc).insecure_channel(address, options=options)
 
+    def mismatch(self, address: str, peer_tls: bool) -> TlsMismatch:
+        """The error for a master at `address` that serves TLS (`peer_tls`) while this
+        client spoke plaintext, or the reverse."""
+        if peer_tls:
+            return TlsMismatch(
+                f"the kvstore master at {address} serves TLS, but this client connected in "
+                "plaintext: its etcd record does not announce TLS and the client has no CA; "
+                f"give it the cluster's CA (tls_ca=, KVSTORE_TLS_CA, or \"tls_ca\" in the "
+                f"entry {self.entry!r} of the credentials file {self.file})")
+        why = {
+            "argument": ("it was given tls_ca=", "drop tls_ca= for a cluster without TLS"),
+            "environment": ("KVSTORE_TLS_CA is set", "unset KVSTORE_TLS_CA for a cluster "
+                            "without TLS"),
+            "file": (f"the credentials file {self.file} gives it a CA (entry {self.entry!r})",
+                     "if that cluster now runs without TLS (`kvstore up --insecure`), remove "
+                     f"the entry {self.entry!r} from {self.file}"),
+        }.get(self.tls_ca_from)
+        if why is None:
+            why = ("the master's etcd record announces TLS", "the record is stale or the "
+                   "master was restarted without --tls-cert: restart it with the same flags")
+        return TlsMismatch(f"the kvstore master at {address} answers in plaintext, but this "
+                           f"client connects with TLS because {why[0]}; {why[1]}")
+
     def metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()
 
@@ -77,18 +109,22 @@ class Credentials:
         unknown = set(given) - set(ENV)
         if unknown:
             raise TypeError(f"unknown credential fields {sorted(unknown)}")
-        entry = _read_file(credentials_path()).get(cluster) if cluster else None
+        path = credentials_path()
+        entry = _read_file(path).get(cluster) if cluster else None
         stored: dict[str, Any] = entry if isinstance(entry, dict) else {}
-        out: dict[str, str] = {}
+        out: dict[str, str] = {"file": str(path), "entry": cluster}
         for name, env in ENV.items():
-            value = given.get(name)
+            value, source = given.get(name), "argument"
             if value is None:
-                value = os.environ.get("KVSTORE_ADMIN_TOKEN" if (name, role) == ("token", "admin")
-                                       else env)
+                value, source = os.environ.get(
+                    "KVSTORE_ADMIN_TOKEN" if (name, role) == ("token", "admin") else env), \
+                    "environment"
             if value is None:
                 key = "admin_token" if (name == "token" and role == "admin") else name
-                value = str(stored.get(key) or "")
+                value, source = str(stored.get(key) or ""), "file"
             out[name] = value
+            if name == "tls_ca" and value:
+                out["tls_ca_from"] = source
         return cls(**out)
 
 

@@ -145,11 +145,26 @@ def ensure_dev_secrets(data_dir: Path) -> DevSecrets:
 def write_credentials(path: Path, cluster: str, creds: dict[str, str]) -> None:
     """Set the entry `cluster` ("ETCD/CLUSTER") of the credentials file, keeping the others."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    data = _entries(path)
+    data[cluster] = creds
+    _write(path, json.dumps(data, indent=2).encode(), private=True)
+
+
+def remove_credentials(path: Path, cluster: str) -> bool:
+    """Delete the entry `cluster` of the credentials file, keeping the others; True if
+    there was one. A cluster started without TLS must not leave clients a CA (and a
+    token) from a secure run on the same endpoint: they would try TLS against it."""
+    data = _entries(path)
+    if cluster not in data:
+        return False
+    del data[cluster]
+    _write(path, json.dumps(data, indent=2).encode(), private=True)
+    return True
+
+
+def _entries(path: Path) -> dict[str, object]:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
-        data = {}
-    if not isinstance(data, dict):
-        data = {}
-    data[cluster] = creds
-    _write(path, json.dumps(data, indent=2).encode(), private=True)
+        return {}
+    return data if isinstance(data, dict) else {}

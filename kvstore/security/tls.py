@@ -7,6 +7,9 @@ certificates are signed by). A client needs the CA that signed the server's cert
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import socket
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,3 +93,61 @@ class ClientTls:
 
     def hostname(self, host: str) -> str:
         return self.server_name or host
+
+
+# -- telling a TLS server from a plaintext one -----------------------------------------
+
+
+def _client_hello() -> bytes:
+    """The first flight of a TLS handshake (certificates are not checked: the answer is
+    only looked at, never trusted)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    obj = ctx.wrap_bio(ssl.MemoryBIO(), out := ssl.MemoryBIO())
+    with contextlib.suppress(ssl.SSLWantReadError):  # it waits for the ServerHello
+        obj.do_handshake()
+    return out.read()
+
+
+def looks_like_tls(data: bytes) -> bool:
+    """Whether `data` starts a TLS record: a handshake (22) or an alert (21) record, TLS
+    major version 3. A plaintext kvstore or HTTP/2 server never sends that."""
+    return len(data) >= 2 and data[0] in (21, 22) and data[1] == 3
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def speaks_tls(address: str, timeout: float) -> bool:
+    """Whether the server at `address` answers a TLS ClientHello with TLS. Used only
+    after a plaintext connection failed, to say why; False when unsure."""
+    try:
+        with socket.create_connection(_split(address), timeout=timeout) as sock:
+            sock.sendall(_client_hello())
+            data = sock.recv(8)
+            if len(data) == 1:
+                data += sock.recv(1)
+    except (OSError, ValueError):
+        return False
+    return looks_like_tls(data)
+
+
+async def speaks_tls_async(address: str, timeout: float) -> bool:
+    """`speaks_tls` for an event loop."""
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(*_split(address))
+            try:
+                writer.write(_client_hello())
+                await writer.drain()
+                data = await reader.read(8)
+                if len(data) == 1:
+                    data += await reader.read(1)
+            finally:
+                writer.close()
+    except (OSError, ValueError, TimeoutError):
+        return False
+    return looks_like_tls(data)
