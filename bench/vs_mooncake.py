@@ -85,10 +85,9 @@ MODULE = "bench.vs_mooncake"
 TE, SHM, MC = "kvstore-te", "kvstore-shm", "mooncake"
 # Objects alive in the store at once, per phase; far below either system's eviction mark.
 LIVE_BYTES = 512 << 20
-# Batch calls per size and direction (--rounds 0; at least 5, at most 200). At 256 MiB a
-# 1 MiB x32 figure rested on 8 calls (~130 ms of transfers), so one stall of the VM moved
-# a ratio by 10% or more; at 1 GiB it is 32 calls (4 MiB: 8, 64 KiB: 200), ~5 s more per
-# run.
+# Batch calls per size and direction (--rounds 0; at least 5, at most 200): a figure that
+# rests on a few calls moves with one stall of the VM (docs/perf-notes.md has the
+# measurements that set it).
 AUTO_ROUND_BYTES = 1 << 30
 # Of each store's DRAM, what the warm-up writes (and removes): below both systems'
 # eviction watermark (0.9 by default for each).
