@@ -10,7 +10,7 @@ STAMP   := $(VENV)/.installed
 NETNS   := unshare -n sh -c
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps run test soak lint typecheck proto proto-check clean
+.PHONY: setup system-deps run test soak chaos lint typecheck proto proto-check clean
 
 setup: system-deps $(STAMP)
 
@@ -50,6 +50,13 @@ test: setup
 # in `make test`: tests/integration/test_soak.py).
 soak: setup
 	$(PY) -m bench.soak --seconds 600
+
+# Seeded random operator events under checked traffic (tests/chaos/driver.py; a 3-event
+# run is in `make test`). SEED replays a run; unset, one is drawn and printed first.
+SEED   ?= -1
+ROUNDS ?= 40
+chaos: setup
+	$(NETNS) 'ip link set lo up && exec $(PY) -m tests.chaos.driver --seed $(SEED) --rounds $(ROUNDS)'
 
 lint: setup
 	$(VENV)/bin/ruff check .
