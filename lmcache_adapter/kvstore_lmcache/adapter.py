@@ -65,11 +65,12 @@ class KVStoreConnectorAdapter(ConnectorAdapter):
 
     def create_connector(self, context: ConnectorContext) -> KVStoreConnector:
         url: str = context.url
-        if url.startswith(SCHEME):
-            options, plugin_name = options_for_url(url), None
-        else:
+        if url.startswith(PLUGIN_SCHEME):
             plugin_name = context.plugin_name or url[len(PLUGIN_SCHEME):]
             options = options_for_plugin(context.config, plugin_name)
+        else:
+            plugin_name = None
+            options = options_for_url(url)  # a URL of another scheme: ConfigError
         return KVStoreConnector(loop=context.loop, local_cpu_backend=context.local_cpu_backend,
                                 config=context.config, options=options, metadata=context.metadata,
                                 plugin_name=plugin_name)
