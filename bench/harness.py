@@ -100,18 +100,18 @@ class Worker:
 
 
 def bench_main(parser: argparse.ArgumentParser, argv: list[str] | None, module: str,
-               worker: Callable[[argparse.Namespace], int],
+               worker: Callable[[argparse.Namespace], int] | None,
                run: Callable[[argparse.Namespace, Path], int],
                check: Callable[[argparse.ArgumentParser, argparse.Namespace], None] | None = None,
                ) -> int:
     """Parse, `check` (which may call parser.error), then either the client process's
     part (`worker`, when --worker is given) or the orchestrator's (`run`, given a fresh
-    temporary directory) in a private network namespace. `parser` must define --worker
-    and --keep-logs."""
+    temporary directory) in a private network namespace. `parser` must define
+    --keep-logs, and --worker if there is a `worker`."""
     args = parser.parse_args(argv)
     if check is not None:
         check(parser, args)
-    if args.worker:
+    if worker is not None and args.worker:
         return worker(args)
     from bench.clusters import raise_on_sigterm
     from bench.netns import ensure_private_netns
