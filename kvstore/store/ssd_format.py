@@ -1,8 +1,9 @@
 """The on-disk format of one SSD-tier object file, and nothing else.
 
-This module knows bytes and names, never directories, locks or capacity: `ssd.py` owns
-those. Keeping the format in one small file makes it easy to read in full before changing
-it, and easy to test without touching a disk.
+This module knows bytes and names, never directories, locks or capacity: `ssd_files.py`
+owns the directory and its lock, `ssd_index.py` the capacity. Keeping the format in one
+small file makes it easy to read in full before changing it, and easy to test without
+touching a disk.
 
 One object is one file::
 
@@ -56,7 +57,7 @@ assert _FIELDS.size + _HEADER_SUM.size == HEADER_SIZE
 
 
 class FormatError(ValueError):
-    """A file that is not a valid object file. `ssd.py` turns it into a dropped file."""
+    """A file that is not a valid object file. `ssd_files.py` turns it into a dropped file."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,8 @@ import pytest
 import xxhash
 
 from kvstore.errors import Code, Internal, NotFound, Unavailable
-from kvstore.store import ssd
 from kvstore.store import ssd_format as fmt
+from kvstore.store import ssd_libc
 from kvstore.store.inventory import Inventory
 from kvstore.store.segment import DramSegment
 from kvstore.store.service import StoreNodeService
@@ -57,7 +57,7 @@ class CountingSyncfs:
         if not hold:
             self.release.set()
         self.fail = fail
-        self._real = ssd._syncfs
+        self._real = ssd_libc.syncfs
 
     def __call__(self, fd: int) -> None:
         self.calls += 1
@@ -81,7 +81,7 @@ def tier(tmp_path: Path) -> Iterator[SsdTier]:
 def test_puts_wait_for_one_flush_that_covers_them_all(
         tier: SsdTier, monkeypatch: pytest.MonkeyPatch) -> None:
     flush = CountingSyncfs()
-    monkeypatch.setattr(ssd, "_syncfs", flush)
+    monkeypatch.setattr(ssd_libc, "syncfs", flush)
     for i in range(10):
         put_nosync(tier, i)
     assert tier.stats().unsynced_objects == 10
@@ -109,7 +109,7 @@ def test_group_puts_do_not_fsync_each_object(
 def test_concurrent_callers_share_one_flush(
         tier: SsdTier, monkeypatch: pytest.MonkeyPatch) -> None:
     flush = CountingSyncfs()
-    monkeypatch.setattr(ssd, "_syncfs", flush)
+    monkeypatch.setattr(ssd_libc, "syncfs", flush)
     barrier = threading.Barrier(8)
     errors: list[BaseException] = []
 
@@ -135,7 +135,7 @@ def test_concurrent_callers_share_one_flush(
 def test_a_write_after_a_flush_started_waits_for_the_next_flush(
         tier: SsdTier, monkeypatch: pytest.MonkeyPatch) -> None:
     flush = CountingSyncfs(hold=True)
-    monkeypatch.setattr(ssd, "_syncfs", flush)
+    monkeypatch.setattr(ssd_libc, "syncfs", flush)
     put_nosync(tier, 0)
     first = threading.Thread(target=tier.sync)
     first.start()
@@ -167,7 +167,7 @@ def test_a_failed_flush_drops_what_it_covered_and_refuses_writes(
         put_nosync(tier, 0)
         put_nosync(tier, 1)
         tier.sync()  # 0 and 1 are durable
-        monkeypatch.setattr(ssd, "_syncfs", CountingSyncfs(fail=True))
+        monkeypatch.setattr(ssd_libc, "syncfs", CountingSyncfs(fail=True))
         put_nosync(tier, 2)
         put_nosync(tier, 3)
         with pytest.raises(Internal, match="flushing to the device failed"):
@@ -310,7 +310,7 @@ def node(tmp_path: Path) -> Iterator[Node]:
 def test_move_acknowledges_a_batch_only_after_one_flush(
         node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
     flush = CountingSyncfs(hold=True)
-    monkeypatch.setattr(ssd, "_syncfs", flush)
+    monkeypatch.setattr(ssd_libc, "syncfs", flush)
 
     async def run() -> spb.MoveResponse:
         task = asyncio.ensure_future(
@@ -340,7 +340,7 @@ def test_move_acknowledges_a_batch_only_after_one_flush(
 def test_a_failed_flush_fails_the_whole_batch(
         node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
     assert node.move(node.items[:2]) == [Code.OK] * 2
-    monkeypatch.setattr(ssd, "_syncfs", CountingSyncfs(fail=True))
+    monkeypatch.setattr(ssd_libc, "syncfs", CountingSyncfs(fail=True))
     assert node.move(node.items[2:]) == [Code.INTERNAL] * (len(node.items) - 2)
     assert node.counters.demotions == 2
     assert sorted(e.key for e in node.tier.entries()) == [key(0), key(1)]
@@ -357,7 +357,7 @@ def test_a_failed_flush_fails_the_whole_batch(
 def test_a_corrupt_source_is_refused_and_not_flushed(
         node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
     flush = CountingSyncfs()
-    monkeypatch.setattr(ssd, "_syncfs", flush)
+    monkeypatch.setattr(ssd_libc, "syncfs", flush)
     bad = spb.MoveItem()
     bad.CopyFrom(node.items[0])
     bad.checksum ^= 1
@@ -370,7 +370,7 @@ def test_a_corrupt_source_is_refused_and_not_flushed(
 def test_a_tier_without_fsync_never_flushes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     flush = CountingSyncfs()
-    monkeypatch.setattr(ssd, "_syncfs", flush)
+    monkeypatch.setattr(ssd_libc, "syncfs", flush)
     n = Node(tmp_path / "ssd", fsync=False)
     try:
         assert n.move(n.items) == [Code.OK] * len(n.items)
@@ -381,7 +381,7 @@ def test_a_tier_without_fsync_never_flushes(
 
 def test_concurrent_moves_share_flushes(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
     flush = CountingSyncfs()
-    monkeypatch.setattr(ssd, "_syncfs", flush)
+    monkeypatch.setattr(ssd_libc, "syncfs", flush)
 
     async def run() -> list[spb.MoveResponse]:
         return await asyncio.gather(*(

@@ -1,9 +1,10 @@
-"""SsdTier: round trips, the byte cap, LRU eviction and pins."""
+"""SsdTier: round trips, the byte cap and LRU eviction."""
 
 from __future__ import annotations
 
 import os
 import random
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 import xxhash
 
 from kvstore.errors import CorruptObject, InvalidArgument, NotFound, StoreFull, Unavailable
-from kvstore.store import ssd
+from kvstore.store import ssd, ssd_files
 from kvstore.store import ssd_format as fmt
 from kvstore.store.ssd import SsdEntry, SsdTier
 
@@ -128,9 +129,6 @@ def test_remove(tier: SsdTier) -> None:
 def test_missing_keys_bad_keys_and_small_buffers(tier: SsdTier) -> None:
     with pytest.raises(NotFound):
         tier.read_into(b"nope", memoryview(bytearray(10)))
-    with pytest.raises(NotFound):
-        tier.pin(b"nope")
-    tier.unpin(b"nope")  # harmless
     with pytest.raises(InvalidArgument):
         put(tier, b"", b"x")
     put(tier, b"k", b"0123456789")
@@ -166,15 +164,15 @@ def test_bytes_on_disk_never_exceed_the_cap(
     tier = SsdTier(root, capacity_bytes=capacity, fsync=False)
     tier.open()
     peaks: list[tuple[int, int]] = []
-    real_write_all = ssd._write_all
+    real_write_all = ssd_files.write_all
 
-    def measured_write_all(fd: int, parts: Sequence[ssd._Buffer]) -> None:
+    def measured_write_all(fd: int, parts: Sequence[ssd_files.Buffer]) -> None:
         # Victims are gone and the temp file exists: the worst moments of a put.
         peaks.append(disk_usage(root))
         real_write_all(fd, parts)
         peaks.append(disk_usage(root))
 
-    monkeypatch.setattr(ssd, "_write_all", measured_write_all)
+    monkeypatch.setattr(ssd_files, "write_all", measured_write_all)
     rng = random.Random(7)
     written = i = 0
     while written < 3 * capacity:
@@ -187,7 +185,7 @@ def test_bytes_on_disk_never_exceed_the_cap(
         assert tier.stats().used_bytes == size
     assert peaks and all(s <= capacity and b <= capacity for s, b in peaks)
     stats = tier.stats()
-    assert stats.evictions > 0 and len(tier.drain_evicted()) == stats.evictions
+    assert stats.evictions > 0
     assert stats.objects + stats.evictions == i
     tier.close()
 
@@ -198,13 +196,12 @@ def test_evictions_follow_least_recent_use(tmp_path: Path) -> None:
         put(tier, key, key * 10)
     assert tier.read(b"a") == b"a" * 10  # a is now the most recent
     put(tier, b"e", b"e")
-    assert tier.drain_evicted() == [b"b"]
+    assert [e.key for e in tier.entries()] == [b"c", b"d", b"a", b"e"]  # b went
     put(tier, b"a", b"a" * 10)  # a no-op put is a use too
     put(tier, b"f", b"f")
+    assert [e.key for e in tier.entries()] == [b"d", b"e", b"a", b"f"]  # then c
     put(tier, b"g", b"g")
-    assert tier.drain_evicted() == [b"c", b"d"]
-    assert tier.drain_evicted() == []
-    assert [e.key for e in tier.entries()] == [b"e", b"a", b"f", b"g"]
+    assert [e.key for e in tier.entries()] == [b"e", b"a", b"f", b"g"]  # then d
     assert tier.stats().evictions == 3
 
 
@@ -213,60 +210,61 @@ def test_a_big_object_evicts_as_many_as_it_needs(tmp_path: Path) -> None:
     for key in (b"a", b"b", b"c", b"d"):
         put(tier, key, key)
     put(tier, b"big", blob(2 * BLOCK))  # three blocks with its header
-    assert tier.drain_evicted() == [b"a", b"b", b"c"]
+    assert tier.stats().evictions == 3
     assert [e.key for e in tier.entries()] == [b"d", b"big"]
 
 
-def test_pinned_objects_are_never_evicted(tmp_path: Path) -> None:
+def test_store_full_leaves_files_and_accounting_unchanged(tmp_path: Path) -> None:
     tier = small_tier(tmp_path, objects=4)
     for key in (b"a", b"b", b"c", b"d"):
         put(tier, key, key)
-    tier.pin(b"a")
-    tier.pin(b"c")
-    tier.pin(b"c")  # pins count
-    for i in range(10):
-        put(tier, f"x{i}".encode(), b"x")
-    assert tier.contains(b"a") and tier.contains(b"c")
-    assert tier.stats().pinned_objects == 2
-    evicted = tier.drain_evicted()
-    assert b"a" not in evicted and b"c" not in evicted and b"b" in evicted
-    tier.unpin(b"c")
-    put(tier, b"y", b"y")
-    assert tier.contains(b"c")  # still pinned once
-    tier.unpin(b"c")
-    put(tier, b"z1", b"z")
-    put(tier, b"z2", b"z")
-    assert not tier.contains(b"c") and tier.contains(b"a")
-
-
-def test_all_pinned_and_full_raises_store_full_and_leaves_nothing(tmp_path: Path) -> None:
-    tier = small_tier(tmp_path, objects=4)
-    for key in (b"a", b"b", b"c", b"d"):
-        put(tier, key, key)
-        tier.pin(key)
     before_files = files_under(tier.directory)
     before_stats = tier.stats()
     with pytest.raises(StoreFull, match="SSD tier full"):
-        put(tier, b"e", b"e")
+        put(tier, b"huge", blob(10 * BLOCK))  # larger than the whole tier
     assert files_under(tier.directory) == before_files
     assert tier.stats() == before_stats
-    assert tier.drain_evicted() == []
-    tier.unpin(b"b")
     put(tier, b"e", b"e")
-    assert tier.drain_evicted() == [b"b"]
+    assert [e.key for e in tier.entries()] == [b"b", b"c", b"d", b"e"]
+
+
+def test_room_held_by_a_put_in_flight_is_not_evictable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tier = small_tier(tmp_path, objects=4)
+    put(tier, b"a", b"a")
+    writing, release = threading.Event(), threading.Event()
+    real_write_all = ssd_files.write_all
+
+    def held_write_all(fd: int, parts: Sequence[ssd_files.Buffer]) -> None:
+        writing.set()
+        assert release.wait(10)
+        real_write_all(fd, parts)
+
+    monkeypatch.setattr(ssd_files, "write_all", held_write_all)
+    slow = threading.Thread(target=put, args=(tier, b"big", blob(2 * BLOCK)))  # 3 blocks
+    slow.start()
+    try:
+        assert writing.wait(10)
+        monkeypatch.setattr(ssd_files, "write_all", real_write_all)
+        with pytest.raises(StoreFull, match="reserved by puts in flight"):
+            put(tier, b"two", blob(BLOCK))  # 2 blocks: only a's one could be freed
+        assert tier.contains(b"a")
+    finally:
+        release.set()
+        slow.join(10)
+    assert [e.key for e in tier.entries()] == [b"a", b"big"]
+    assert tier.stats().used_bytes == 4 * BLOCK
 
 
 def test_store_full_evicts_nothing_when_eviction_would_not_help(tmp_path: Path) -> None:
     tier = small_tier(tmp_path, objects=4)
     for key in (b"a", b"b", b"c"):
         put(tier, key, key)
-    tier.pin(b"a")
-    with pytest.raises(StoreFull):
-        put(tier, b"big", blob(3 * BLOCK))  # needs 4 blocks; only 3 could ever be free
     with pytest.raises(StoreFull):
         put(tier, b"huge", blob(10 * BLOCK))  # larger than the whole tier
     assert [e.key for e in tier.entries()] == [b"a", b"b", b"c"]
-    assert tier.drain_evicted() == []
+    assert tier.stats().evictions == 0
     assert files_under(tier.directory) == sorted(fmt.relative_path(k) for k in (b"a", b"b", b"c"))
 
 
@@ -275,11 +273,11 @@ def test_a_failed_write_leaves_nothing_and_releases_its_room(
 ) -> None:
     tier = small_tier(tmp_path, objects=4)
 
-    def disk_full(fd: int, parts: Sequence[ssd._Buffer]) -> None:
+    def disk_full(fd: int, parts: Sequence[ssd_files.Buffer]) -> None:
         os.write(fd, b"partial")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(ssd, "_write_all", disk_full)
+    monkeypatch.setattr(ssd_files, "write_all", disk_full)
     with pytest.raises(StoreFull, match="ran out of space"):
         put(tier, b"k", b"v")
     assert files_under(tier.directory) == []

@@ -1,0 +1,284 @@
+"""The SSD tier's file I/O: writing one object file atomically, reading and verifying it,
+checking every file at open, and the directory lock. The byte layout is `ssd_format`'s;
+which files should exist, and how many bytes they may take, is `ssd_index`'s; when a
+write must reach the device is `SsdTier`'s (ssd.py, whose docstring argues the fsync
+order used here).
+
+Functions take paths and buffers and return entries or reasons; nothing here holds state
+beyond the open descriptors it is handed, so each can be tested on a temporary directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import xxhash
+
+from kvstore.errors import Internal, StoreFull, Unavailable
+from kvstore.store import ssd_format as fmt
+from kvstore.store import ssd_libc
+from kvstore.store.ssd_index import SsdEntry
+
+# One logger for the whole tier, under the name it had before the split, so existing
+# log configuration keeps matching.
+log = logging.getLogger("kvstore.store.ssd")
+
+LOCK_FILE = "LOCK"
+_VERIFY_CHUNK = 4 << 20
+Buffer = bytes | bytearray | memoryview
+
+
+def byte_view(data: Buffer) -> memoryview:
+    """A flat byte view of any contiguous buffer (no copy)."""
+    view = data if isinstance(data, memoryview) else memoryview(data)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
+
+
+# -------------------------------------------------------------------- the directory
+
+
+def take_dir_lock(directory: Path) -> int:
+    """flock the directory's LOCK file; the descriptor holds it until closed."""
+    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise Unavailable(
+            f"SSD directory {directory} is in use by another tier or process; "
+            "give each store node its own directory"
+        ) from None
+    return fd
+
+
+def open_dir(directory: Path) -> int:
+    """A descriptor of the directory itself (syncfs reports errors since its open)."""
+    return os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = open_dir(path)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def unlink_quietly(path: str | Path) -> None:
+    """Unlink, logging rather than raising: a file left behind is re-checked at the next
+    open, while an exception here would leave the index's accounting half done."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        log.error("ssd tier: could not delete %s: %s", path, err)
+
+
+# -------------------------------------------------------------------- one object
+
+
+def write_object(directory: Path, key: bytes, view: memoryview, checksum: int, need: int,
+                 durable: bool, start_writeback: bool, unique: str) -> SsdEntry:
+    """Write the object under a temporary name in its shard, then rename it to its final
+    name. `durable`: fsync the file before the rename and the shard directory after it.
+    `start_writeback`: no fsync, but start the device working on the file now (a group
+    commit's flush follows). `unique` names the temporary file."""
+    stem = fmt.object_name(key)
+    shard = directory / stem[: fmt.SHARD_HEX_DIGITS]
+    final = shard / f"{stem}{fmt.OBJECT_SUFFIX}"
+    temp = shard / fmt.temp_name(stem, unique)
+    header = fmt.pack_header(fmt.Header(key_len=len(key), data_len=len(view), checksum=checksum))
+    renamed = False
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            write_all(fd, [header, key, view, fmt.padding(len(key), len(view))])
+            if durable:
+                os.fsync(fd)
+            elif start_writeback:
+                ssd_libc.start_writeback(fd)
+        finally:
+            os.close(fd)
+        os.rename(temp, final)
+        renamed = True
+        if durable:
+            fsync_dir(shard)
+    except OSError as err:
+        unlink_quietly(temp)
+        if renamed:
+            unlink_quietly(final)
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StoreFull(
+                f"SSD tier full: the device under {directory} ran out of space "
+                f"({err.strerror}); lower the SSD capacity below the free space",
+                key=key,
+            ) from err
+        raise Internal(f"SSD write to {final} failed: {err}", key=key) from err
+    except BaseException:
+        unlink_quietly(temp)
+        if renamed:
+            unlink_quietly(final)
+        raise
+    return SsdEntry(key=key, size=len(view), checksum=checksum, disk_bytes=need, path=str(final))
+
+
+def read_object(entry: SsdEntry, dest: memoryview) -> str | None:
+    """Fill `dest` (exactly `entry.size` bytes) with the object's data and verify it; the
+    reason it is corrupt, or None. On success the file's mtime becomes now: it is the
+    last-use time that orders re-indexed files after a restart. FileNotFoundError if the
+    file is gone."""
+    fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        problem = _read_verified(fd, entry, dest)
+        if problem is None:
+            with contextlib.suppress(OSError):
+                os.utime(fd)
+        return problem
+    finally:
+        os.close(fd)
+
+
+def _read_verified(fd: int, entry: SsdEntry, dest: memoryview) -> str | None:
+    prefix = os.pread(fd, fmt.HEADER_SIZE + len(entry.key), 0)
+    try:
+        header = fmt.unpack_header(prefix)
+    except fmt.FormatError as err:
+        return str(err)
+    if prefix[fmt.HEADER_SIZE :] != entry.key:
+        return "key in the file does not match"
+    if header.data_len != entry.size or header.checksum != entry.checksum:
+        return "header does not match the index"
+    if not pread_exact(fd, dest, fmt.HEADER_SIZE + len(entry.key)):
+        return "file truncated"
+    if fmt.checksum(dest) != header.checksum:
+        return "data checksum mismatch"
+    return None
+
+
+def write_all(fd: int, parts: Sequence[Buffer]) -> None:
+    views = [byte_view(p) for p in parts if len(p)]
+    while views:
+        written = os.writev(fd, views)
+        while views and written >= len(views[0]):
+            written -= len(views[0])
+            views.pop(0)
+        if views and written:
+            views[0] = views[0][written:]
+
+
+def pread_exact(fd: int, dest: memoryview, offset: int) -> bool:
+    """Fill `dest` from `offset`; False if the file ends first."""
+    done = 0
+    while done < len(dest):
+        n = os.preadv(fd, [dest[done:]], offset + done)
+        if n == 0:
+            return False
+        done += n
+    return True
+
+
+# -------------------------------------------------------------------- re-indexing
+
+
+@dataclass(slots=True)
+class Scan:
+    """What `scan` found in a directory a previous run left."""
+
+    found: list[SsdEntry] = field(default_factory=list)  # valid files, least recently used first
+    corrupt: int = 0  # bad header, key, length or checksum: deleted
+    corrupt_bytes: int = 0
+    temp_removed: int = 0  # leftover temporary files of interrupted puts: deleted
+    ignored: int = 0  # files that are not ours: left alone
+
+
+def scan(directory: Path, verify_data: bool) -> Scan:
+    """Create the shard directories, delete leftover temporary and bad files, and list the
+    valid object files in last-use order (file mtime: a read touches it)."""
+    for name in fmt.shard_names():
+        (directory / name).mkdir(exist_ok=True)
+    fsync_dir(directory)
+    result = Scan()
+    dated: list[tuple[int, str, SsdEntry]] = []
+    for shard_name in fmt.shard_names():
+        with os.scandir(directory / shard_name) as it:
+            dirents = list(it)
+        for dirent in dirents:
+            if not dirent.is_file(follow_symlinks=False):
+                result.ignored += 1
+                continue
+            if fmt.is_temp_name(dirent.name):
+                unlink_quietly(dirent.path)
+                result.temp_removed += 1
+                continue
+            stem = fmt.stem_of(dirent.name)
+            if stem is None or not stem.startswith(shard_name):
+                result.ignored += 1
+                continue
+            try:
+                entry, mtime_ns = check_file(dirent.path, stem, verify_data)
+            except fmt.FormatError as err:
+                log.warning("ssd tier %s: deleting %s: %s", directory, dirent.path, err)
+                result.corrupt += 1
+                with contextlib.suppress(OSError):
+                    result.corrupt_bytes += dirent.stat(follow_symlinks=False).st_size
+                unlink_quietly(dirent.path)
+                continue
+            dated.append((mtime_ns, entry.path, entry))
+    dated.sort(key=lambda item: (item[0], item[1]))
+    result.found = [entry for _, _, entry in dated]
+    return result
+
+
+def check_file(path: str, stem: str, verify_data: bool) -> tuple[SsdEntry, int]:
+    """Validate one object file; its entry and mtime, or FormatError with the reason."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as err:
+        raise fmt.FormatError(f"cannot open: {err}") from err
+    try:
+        st = os.fstat(fd)
+        header = fmt.unpack_header(os.pread(fd, fmt.HEADER_SIZE, 0))
+        key = os.pread(fd, header.key_len, fmt.HEADER_SIZE)
+        if len(key) != header.key_len:
+            raise fmt.FormatError("file truncated inside the key")
+        if fmt.object_name(key) != stem:
+            raise fmt.FormatError("key does not match the file name")
+        if st.st_size != header.file_len:
+            raise fmt.FormatError(
+                f"length {st.st_size} is not the expected {header.file_len}"
+                + (" (truncated)" if st.st_size < header.file_len else "")
+            )
+        if verify_data:
+            _verify_data(fd, header)
+    except OSError as err:
+        raise fmt.FormatError(f"read failed: {err}") from err
+    finally:
+        os.close(fd)
+    entry = SsdEntry(key=key, size=header.data_len, checksum=header.checksum,
+                     disk_bytes=header.file_len, path=path)
+    return entry, st.st_mtime_ns
+
+
+def _verify_data(fd: int, header: fmt.Header) -> None:
+    hasher = xxhash.xxh3_64()
+    buf = memoryview(bytearray(min(_VERIFY_CHUNK, max(header.data_len, 1))))
+    offset, left = fmt.HEADER_SIZE + header.key_len, header.data_len
+    while left:
+        chunk = buf[: min(left, len(buf))]
+        if not pread_exact(fd, chunk, offset):
+            raise fmt.FormatError("file truncated inside the data")
+        hasher.update(chunk)
+        offset += len(chunk)
+        left -= len(chunk)
+    if hasher.intdigest() != header.checksum:
+        raise fmt.FormatError("data checksum mismatch")
