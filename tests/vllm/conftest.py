@@ -25,12 +25,17 @@ except ImportError as exc:  # pragma: no cover - the message is the point
     raise ImportError("the vLLM connector tests need vLLM: run "
                       "`sh vllm_adapter/install_vllm.sh .venv/bin/python`") from exc
 
-from tests.vllm.helpers import build_tiny_model
+from tests.vllm.helpers import build_tiny_gemma2, build_tiny_model
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_gemma2(tmp_path_factory.mktemp("model") / "tiny-gemma2")
 
 
 @pytest.fixture(scope="module")

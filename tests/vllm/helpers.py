@@ -19,6 +19,45 @@ TINY_LLAMA = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hi
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
 
 
+# A Gemma-2-style model: sliding-window layers interleaved with full-attention ones, so
+# vLLM gives it two KV cache groups. Untied embeddings and a wider init make its greedy
+# output vary with the prompt and depend on tokens far outside the window.
+TINY_GEMMA2 = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                   max_position_embeddings=2048, sliding_window=64, initializer_range=0.1,
+                   tie_word_embeddings=False)
+WINDOW = 64
+
+
+def build_tiny_gemma2(path: Path, seed: int = 0) -> Path:
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    if (path / "config.json").exists():
+        return path
+    torch.manual_seed(seed)
+    Gemma2ForCausalLM(Gemma2Config(**TINY_GEMMA2)).save_pretrained(str(path))
+    return path
+
+
+def hybrid_kv_cache_config(num_blocks: int = 64, retention: int | None = 0) -> Any:
+    """Gemma 2's groups as vLLM builds them: sliding-window layers (0, 2) in group 0,
+    full-attention layers (1, 3) in group 1."""
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        SlidingWindowSpec,
+    )
+
+    sw = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.float32,
+                           sliding_window=WINDOW)
+    full = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.float32)
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec([f"model.layers.{i}.self_attn.attn" for i in (0, 2)], sw),
+        KVCacheGroupSpec([f"model.layers.{i}.self_attn.attn" for i in (1, 3)], full)],
+        prefix_cache_retention_interval=retention)
+
+
 def build_tiny_model(path: Path, seed: int = 0) -> Path:
     """A randomly initialised 2-layer Llama (head_dim 64), saved as a local checkpoint."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -74,11 +113,12 @@ def kv_cache_config(num_blocks: int = 64) -> Any:
                          kv_cache_groups=[KVCacheGroupSpec(layers, spec)])
 
 
-def make_scheduler(vllm_config: Any, num_blocks: int = 64) -> Any:
+def make_scheduler(vllm_config: Any, num_blocks: int = 64, kv_config: Any = None) -> Any:
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.structured_output import StructuredOutputManager
 
-    return Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config(num_blocks),
+    return Scheduler(vllm_config=vllm_config,
+                     kv_cache_config=kv_config or kv_cache_config(num_blocks),
                      log_stats=True, structured_output_manager=StructuredOutputManager(vllm_config),
                      block_size=BLOCK)
 
@@ -100,14 +140,18 @@ def make_request(tokens: list[int], max_tokens: int = 4, req_id: str | None = No
 
 
 def runner_output(reqs: list[Any], *, worker_meta: Any = None,
-                  invalid_block_ids: set[int] | None = None, token: int = 7) -> Any:
+                  invalid_block_ids: set[int] | None = None, token: int = 7,
+                  finished_recving: set[str] | None = None,
+                  failed_recving: set[str] | None = None) -> Any:
     from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
     ids = [r.request_id for r in reqs]
     kv_out = None
-    if worker_meta is not None or invalid_block_ids:
+    if worker_meta is not None or invalid_block_ids or finished_recving:
         kv_out = KVConnectorOutput(kv_connector_worker_meta=worker_meta,
-                                   invalid_block_ids=invalid_block_ids or set())
+                                   invalid_block_ids=invalid_block_ids or set(),
+                                   finished_recving=finished_recving or set(),
+                                   failed_recving=failed_recving or set())
     return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                              sampled_token_ids=[[token] for _ in ids], logprobs=None,
                              prompt_logprobs_dict={}, pooler_output=None,
