@@ -54,6 +54,9 @@ class Options:
     # the store (False: through the client's staging buffer, one copy each way).
     zero_copy: bool = True
     transport: str = ""  # "" = the client's default ("fast"); "grpc" forces gRPC
+    # On a store node's host, copy straight from its mapped segment (False: always over
+    # the Transfer Engine, as from another host).
+    same_host: bool = True
 
     @classmethod
     def names(cls) -> list[str]:
