@@ -18,7 +18,7 @@ import pytest
 from kvstore.errors import Code, Internal
 from kvstore.master.core import CoreConfig, Location, ManualClock, MasterCore
 from kvstore.master.core.allocator import ExtentAllocator
-from kvstore.master.core.core import _location
+from kvstore.master.core.results import location as _location
 from kvstore.master.core.objects import ObjectTable
 from kvstore.master.core.segments import OFFSET_BITS, OFFSET_MASK
 
@@ -108,11 +108,11 @@ def test_location_helper_builds_equal_locations() -> None:
 
 
 def core_state(core: MasterCore) -> dict[str, Any]:
-    t = core._objects
+    t = core._state.objects
     segs = {
         sid: (list(seg.alloc._by_offset.items()), list(seg.alloc._by_size), seg.alloc.free_bytes,
               seg.replicas)
-        for sid, seg in core._segments.by_id.items()
+        for sid, seg in core._state.segments.by_id.items()
     }
     return {
         "segs": segs,
@@ -124,26 +124,28 @@ def core_state(core: MasterCore) -> dict[str, Any]:
         "extra": dict(t.extra),
         "pending": [(s, p.writer, p.deadline) for s, p in t.pending.items()],
         "free_slots": list(t._free_slots),
-        "lru": (list(core._lru.prev), list(core._lru.next), len(core._lru)),
-        "space": (core._pending_space, core._pending_size, core._complete_size, core._pinned_space),
-        "failures": dict(core._put_failures),
-        "events": [(e.kind, list(e.keys), e.bytes) for e in core.drain_events()],
-        "evictions": (core._evictions, core._evicted_bytes, core._blocked),
+        "lru": (list(core._state.lru.prev), list(core._state.lru.next), len(core._state.lru)),
+        "space": (core._state.ledger.pending, core._state.ledger.pending_size,
+                  core._state.ledger.complete_size, core._state.ledger.pinned),
+        "failures": dict(core._state.counts.put_failures),
+        "events": [(e.kind, list(e.keys), e.bytes) for e in core.take_events()],
+        "evictions": (core._state.counts.evictions, core._state.counts.evicted_bytes,
+                      core._state.counts.blocked),
     }
 
 
 def check_free_extents(core: MasterCore) -> None:
     """Every segment's free extents are exactly the coalesced gaps between the ranges its
     live objects hold: nothing freed twice, nothing lost (deferred frees included)."""
-    t = core._objects
-    held: dict[int, list[tuple[int, int]]] = {sid: [] for sid in core._segments.by_id}
+    t = core._state.objects
+    held: dict[int, list[tuple[int, int]]] = {sid: [] for sid in core._state.segments.by_id}
     for s in t.index.values():
         for h in t.handles(s):
-            seg = core._segments.by_id[h >> OFFSET_BITS]
+            seg = core._state.segments.by_id[h >> OFFSET_BITS]
             off = h & OFFSET_MASK
             held[seg.seg_id].append((off, off + seg.alloc.round_up(t.size[s])))
     for sid, spans in held.items():
-        alloc = core._segments.by_id[sid].alloc
+        alloc = core._state.segments.by_id[sid].alloc
         spans.sort()
         gaps: list[tuple[int, int]] = []
         at = 0
@@ -172,15 +174,15 @@ class Twins:
         cfg = CoreConfig(evict_high=0.9, evict_low=0.7, max_replicas=3)
         self.fast = MasterCore(cfg, ManualClock())
         self.slow = MasterCore(cfg, ManualClock())
-        self.slow._put_batch = lambda *a, **k: None  # type: ignore[method-assign]
-        real = self.fast._put_batch
+        self.slow._batch.put = lambda *a, **k: None  # type: ignore[method-assign]
+        real = self.fast._batch.put
 
         def counting(*a: Any, **k: Any) -> Any:
             r = real(*a, **k)
             self.batched += r is not None
             return r
 
-        self.fast._put_batch = counting  # type: ignore[method-assign]
+        self.fast._batch.put = counting  # type: ignore[method-assign]
         nodes = rng.randrange(1, 4)
         for i in range(nodes):
             size = rng.choice([64 * KiB, 200 * KiB, 1 << 20, 8 << 20])
@@ -321,7 +323,7 @@ def test_a_full_store_falls_back_and_evicts_like_before() -> None:
     keys = [f"big{i}".encode() for i in range(12)]
     got = twins.both("put_start", keys, [16 * KiB] * 12, [1] * 12)
     assert all(r.code == Code.OK for r in got)
-    assert twins.fast._evictions > 0
+    assert twins.fast._state.counts.evictions > 0
 
 
 def test_eviction_and_remove_free_every_range() -> None:
@@ -339,7 +341,7 @@ def test_eviction_and_remove_free_every_range() -> None:
             live = core.keys(limit=10**6)
             core.remove(rng.sample(live, min(10, len(live))))
             check_free_extents(core)
-    assert core._evictions > 100
+    assert core._state.counts.evictions > 100
     core.evict_to(0.0)
     check_free_extents(core)
     assert core.stats().pool_used == 0

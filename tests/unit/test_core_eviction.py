@@ -189,7 +189,7 @@ def test_eviction_visits_only_evictable_objects() -> None:
     core.lookup(many)
     core.put_start(ks(3000, b"p"), [64] * 3000, [0] * 3000)
     put(core, [b"x", b"y"], size=64)
-    assert len(core._lru) == 2
+    assert len(core._state.lru) == 2
     assert core.evict_to(0.0).evicted == 2
 
 

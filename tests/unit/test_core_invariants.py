@@ -80,7 +80,7 @@ def check(core: MasterCore, model: Model, now: float, nodes_lost: bool) -> None:
     assert st.pool_pinned == pinned_space
     assert st.pool_pending == pending_space
     assert st.objects_pending + st.objects_complete == len(infos)
-    assert len(core._lru) == evictable
+    assert len(core._state.lru) == evictable
     complete = [k for k, i in infos.items() if i is not None and i.state == "complete"]
     pending = [k for k, i in infos.items() if i is not None and i.state == "pending"]
     assert core.exists(complete) == [True] * len(complete)

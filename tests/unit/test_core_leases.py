@@ -156,7 +156,7 @@ def test_many_renewals_keep_the_expiry_heap_bounded() -> None:
     for _ in range(5000):
         clock.advance(0.001)
         core.renew_lease(r.lease_id, ttl=10)
-    assert len(core._leases._heap) < 2000
+    assert len(core._state.leases._heap) < 2000
     clock.advance(10)
     assert core.tick().expired_leases == 1
 

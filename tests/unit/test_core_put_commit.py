@@ -23,7 +23,7 @@ from kvstore.master.core import (
     ObjectInfo,
     PutStartResult,
 )
-from kvstore.master.core.core import AHEAD_SHARE
+from kvstore.master.core.writes import AHEAD_SHARE
 from kvstore.master.metrics import MasterMetrics
 from kvstore.master.service import MasterService
 from kvstore.security.access import AccessList, Authenticator, new_token, token_hash

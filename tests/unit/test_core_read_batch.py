@@ -23,7 +23,7 @@ KiB = 1024
 
 
 def per_key(core: MasterCore) -> MasterCore:
-    core._read_batch = lambda keys: None  # type: ignore[method-assign]
+    core._reads.read_batch = lambda keys: None  # type: ignore[method-assign]
     return core
 
 
@@ -44,25 +44,27 @@ def result_of(r: Any) -> Any:
 
 
 def state(core: MasterCore) -> dict[str, Any]:
-    t = core._objects
+    t = core._state.objects
     return {
         "index": dict(t.index),
         "cols": [list(c) for c in (t.size, t.checksum, t.where, t.space, t.pins, t.gen,
                                    t.placed, t.created, t.touched)],
         "extra": dict(t.extra),
-        "lru": (list(core._lru.prev), list(core._lru.next), len(core._lru)),
+        "lru": (list(core._state.lru.prev), list(core._state.lru.next), len(core._state.lru)),
         "ssd_lru": {n: (list(lru.prev), list(lru.next), len(lru))
-                    for n, lru in core._ssd_lru.items()},
-        "space": (core._pending_space, core._pending_size, core._complete_size, core._pinned_space),
+                    for n, lru in core._state.ssd_lru.items()},
+        "space": (core._state.ledger.pending, core._state.ledger.pending_size,
+                  core._state.ledger.complete_size, core._state.ledger.pinned),
         "leases": [(i, lease.holder, lease.owner, list(lease.keys), list(lease.tokens),
                     lease.granted_at, lease.expires_at)
-                   for i, lease in core._leases._leases.items()],
-        "next_lease": core._leases._next_id,
-        "moves": {s: (m.kind, m.token, m.dest) for s, m in core._moves.items()},
-        "move_queue": list(core._move_queue),
-        "counters": (core._leases_granted, core._leases_released, core._lookups,
-                     core._lookup_keys, core._hit_keys),
-        "events": [(e.kind, list(e.keys), e.bytes) for e in core.drain_events()],
+                   for i, lease in core._state.leases._leases.items()],
+        "next_lease": core._state.leases._next_id,
+        "moves": {s: (m.kind, m.token, m.dest) for s, m in core._state.moves.items()},
+        "move_queue": list(core._state.move_queue),
+        "counters": (core._state.counts.leases_granted, core._state.counts.leases_released,
+                     core._state.counts.lookups, core._state.counts.lookup_keys,
+                     core._state.counts.hit_keys),
+        "events": [(e.kind, list(e.keys), e.bytes) for e in core.take_events()],
         "stats": core.stats(),
     }
 
@@ -112,7 +114,7 @@ def run(seed: int, nodes: int, replicas: int, ssd: bool, steps: int = 120) -> No
                 assert (call(fast, "get_replicas", sub, a[0], None, "", owner)
                         == call(slow, "get_replicas", sub, a[0], None, "", owner))
         elif op < 0.75:
-            ids = [i for i in fast._leases._leases] + [10_000]
+            ids = [i for i in fast._state.leases._leases] + [10_000]
             lid = rng.choice(ids)
             keep = rng.choice([None, None, 0, 1, 3])
             owner = rng.choice([None, "", "team-a"])
@@ -128,8 +130,8 @@ def run(seed: int, nodes: int, replicas: int, ssd: bool, steps: int = 120) -> No
             slow.clock.advance(dt)  # type: ignore[attr-defined]
             assert call(fast, "tick") == call(slow, "tick")
         else:
-            a = fast.drain_tier_moves()
-            b = slow.drain_tier_moves()
+            a = fast.take_tier_moves()
+            b = slow.take_tier_moves()
             assert a == b
             for m in a:
                 code = Code.OK if rng.random() < 0.9 else Code.INTERNAL
@@ -160,15 +162,15 @@ def test_batch_scan_is_taken_and_declines_ssd_and_bad_keys() -> None:
     keys = [b"a", b"b"]
     core.put_start(keys, [10, 20], [1, 2])
     core.put_end(keys)
-    got = core._read_batch([b"a", b"zz", b"a"])
+    got = core._reads.read_batch([b"a", b"zz", b"a"])
     assert got is not None
     results, found, slots = got
     assert [r.code for r in results] == [Code.OK, Code.NOT_FOUND, Code.OK]
     assert found == [b"a", b"a"] and slots[0] == slots[1]
-    assert core._read_batch([b"a", "b"]) is None  # type: ignore[list-item]
-    assert core._read_batch([b"a", b""]) is None
-    assert core._read_batch([]) is None
+    assert core._reads.read_batch([b"a", "b"]) is None  # type: ignore[list-item]
+    assert core._reads.read_batch([b"a", b""]) is None
+    assert core._reads.read_batch([]) is None
     r = core.get_replicas([b"a", b"", b"b", b"a"])
     assert [i.code for i in r.results] == [Code.OK, Code.INVALID_ARGUMENT, Code.OK, Code.OK]
-    assert core._leases._leases[r.lease_id].keys == [b"a", b"b", b"a"]
-    assert core._objects.pins[slots[0]] == 2
+    assert core._state.leases._leases[r.lease_id].keys == [b"a", b"b", b"a"]
+    assert core._state.objects.pins[slots[0]] == 2

@@ -1,0 +1,250 @@
+"""Membership: store nodes' segments coming and going, the replicas a node reports it
+already holds (adopt), and draining a node.
+
+A node that goes takes its replicas with it at once: objects left with no replica are
+gone (NODE_LOST), PENDING ones with a replica there too (their put_end gets NOT_FOUND).
+A draining node gets no new placements and leaves the DRAM pool the watermarks watch;
+drain() empties it step by step without ever touching a pinned or PENDING object.
+"""
+
+from __future__ import annotations
+
+from kvstore.errors import Code, InvalidArgument, NotFound
+
+from .keys import norm_key
+from .objects import PENDING
+from .pins import Pins
+from .results import DrainReport, Event, EventKind, MoveKind, NodeInfo, ReplicaChange, SegmentStats, Tier
+from .segments import DRAM, OFFSET_BITS, OFFSET_MASK, SSD, TIERS, Segment, alloc_size
+from .state import CoreState
+
+_MAX_CHECKSUM = 1 << 64
+
+
+def segment_stats(seg: Segment) -> SegmentStats:
+    """A segment's numbers without the pin scan stats() makes."""
+    return SegmentStats(node_id=seg.node_id, segment=seg.name, tier=seg.tier,
+                        base_addr=seg.base_addr, capacity=seg.alloc.capacity,
+                        used=seg.alloc.used_bytes, free_largest=seg.alloc.largest_free(),
+                        replicas=seg.replicas, pinned_replicas=0, pinned_bytes=0)
+
+
+class Membership:
+    def __init__(self, state: CoreState, pins: Pins) -> None:
+        self._state = state
+        self._t = state.objects
+        self._pins = pins
+
+    # -- mounts -------------------------------------------------------------------
+
+    def mount_segment(self, node_id: str, segment: str, base_addr: int, size: int,
+                      tier: str) -> None:
+        """MasterCore.mount_segment."""
+        state = self._state
+        alignment = state.config.alignment
+        if not node_id:
+            raise InvalidArgument("node_id must be a non-empty string")
+        if tier not in TIERS:
+            raise InvalidArgument(f"tier must be one of {', '.join(TIERS)}, got {tier!r}")
+        if not 0 <= base_addr < 1 << 64:
+            raise InvalidArgument(f"base_addr must be a 64-bit address, got {base_addr}")
+        if not alignment <= size <= OFFSET_MASK + 1:
+            raise InvalidArgument(
+                f"segment size must be between {alignment} bytes and "
+                f"{OFFSET_MASK + 1} bytes, got {size}"
+            )
+        t = Tier(tier)
+        old = state.segments.get(node_id, t)
+        if old is not None:
+            if old.same_geometry(segment, base_addr, size):
+                return
+            state.segments.remove(old)
+            self._lose([old], node_id)
+        state.segments.add(node_id, segment, base_addr, size, t, alignment)
+        state.departed.pop(node_id, None)
+        state.refresh_pool()
+
+    def unmount_node(self, node_id: str, reason: str) -> list[bytes]:
+        """MasterCore.unmount_node."""
+        state = self._state
+        segs = state.segments.by_node.get(node_id, {})
+        departed = NodeInfo(node_id, reason, [segment_stats(seg) for seg in segs.values()],
+                            0, state.clock.now())
+        gone = state.segments.remove_node(node_id)
+        if not gone:
+            return []
+        state.departed[node_id] = departed
+        state.refresh_pool()
+        lost = self._lose(gone, node_id)
+        departed.objects_lost = len(lost)
+        return lost
+
+    def node_ids(self) -> list[str]:
+        return sorted(self._state.segments.by_node)
+
+    def forget_departed(self, now: float) -> None:
+        state = self._state
+        if state.departed:
+            keep = state.config.departed_retention
+            for node_id in [n for n, d in state.departed.items() if now - d.gone_at > keep]:
+                del state.departed[node_id]
+
+    def _lose(self, segments: list[Segment], node_id: str) -> list[bytes]:
+        """Segments already unmapped: drop their replicas, and the objects left with
+        none. Returns the keys now gone."""
+        state = self._state
+        t = self._t
+        id_set = {seg.seg_id for seg in segments}
+        gone: list[bytes] = []
+        gone_size = 0
+        for s in state.slots_on(id_set):
+            key = t.key_of[s]
+            assert key is not None
+            keep = tuple(h for h in t.handles(s) if h >> OFFSET_BITS not in id_set)
+            if not keep or t.pins[s] == PENDING:
+                gone.append(key)
+                gone_size += t.size[s]
+                state.drop(s)
+                continue
+            move = state.moves.get(s)
+            state.set_replicas(s, keep, state.footprint(keep, t.size[s]),
+                               demoting=move is not None and move.kind == MoveKind.DEMOTE)
+        if gone:
+            state.events.emit(Event(EventKind.NODE_LOST, gone, gone_size, node_id))
+        return gone
+
+    # -- adoption (a node's inventory, replayed to a new leader) ---------------------
+
+    def adopt_replica(self, key: bytes, size: int, checksum: int, node_id: str, offset: int,
+                      tier: str) -> Code:
+        """MasterCore.adopt_replica."""
+        k = norm_key(key)
+        if (
+            k is None
+            or not isinstance(size, int)
+            or size <= 0
+            or not isinstance(checksum, int)
+            or not 0 <= checksum < _MAX_CHECKSUM
+            or not isinstance(offset, int)
+            or offset < 0
+        ):
+            return Code.INVALID_ARGUMENT
+        state = self._state
+        seg = state.segments.get(node_id, Tier(tier)) if tier in TIERS else None
+        if seg is None:
+            return Code.NOT_FOUND
+        if tier != DRAM:
+            return self._adopt_ssd(k, size, checksum, seg)
+        if offset + size > seg.alloc.capacity:
+            return Code.INVALID_ARGUMENT
+        t = self._t
+        s = t.index.get(k)
+        handle = seg.handle(offset)
+        if s is not None:
+            if t.pins[s] == PENDING:
+                return Code.IN_PROGRESS
+            if t.size[s] != size or t.checksum[s] != checksum:
+                return Code.INVALID_ARGUMENT
+            handles = t.handles(s)
+            for h in handles:
+                if h >> OFFSET_BITS == seg.seg_id:
+                    return Code.OK if h == handle else Code.INVALID_ARGUMENT
+            if not seg.alloc.reserve(offset, size):
+                return Code.INVALID_ARGUMENT
+            seg.replicas += 1
+            # demoting=False, as before the split: a replica adopted while the object's
+            # demotion is in flight is not counted against it.
+            state.set_replicas(s, (*handles, handle),
+                               t.space[s] + state.footprint((handle,), size))
+            return Code.OK
+        if not seg.alloc.reserve(offset, size):
+            return Code.INVALID_ARGUMENT
+        seg.replicas += 1
+        s = t.new(k, size, checksum, (handle,), state.footprint((handle,), size),
+                  state.clock.now())
+        self._pins.adopt(s)
+        return Code.OK
+
+    def _adopt_ssd(self, k: bytes, size: int, checksum: int, seg: Segment) -> Code:
+        """Adopt an object a node holds on SSD (after a restart or a failover)."""
+        t = self._t
+        s = t.index.get(k)
+        if s is not None:
+            return Code.OK if t.size[s] == size and t.checksum[s] == checksum else Code.INVALID_ARGUMENT
+        off = seg.alloc.allocate(alloc_size(SSD, size))
+        if off < 0:
+            return Code.STORE_FULL
+        seg.replicas += 1
+        s = t.new(k, size, checksum, (seg.handle(off),), 0, self._state.clock.now())
+        self._pins.adopt(s)
+        return Code.OK
+
+    # -- draining -----------------------------------------------------------------
+
+    def set_draining(self, node_id: str, draining: bool, must_exist: bool) -> None:
+        """MasterCore.set_draining."""
+        state = self._state
+        if not node_id:
+            raise InvalidArgument("node_id must be a non-empty string")
+        if draining:
+            if must_exist and node_id not in state.segments.by_node:
+                mounted = ", ".join(self.node_ids()) or "none"
+                raise NotFound(f"no store node {node_id!r} is mounted (mounted: {mounted})")
+            state.draining.add(node_id)
+        else:
+            state.draining.discard(node_id)
+        state.refresh_pool()
+
+    def drain(self, node_id: str, limit: int) -> DrainReport:
+        """MasterCore.drain."""
+        if limit < 1:
+            raise InvalidArgument(f"limit must be >= 1 object per call, got {limit}")
+        self.set_draining(node_id, True, True)
+        state = self._state
+        segs = list(state.segments.by_node[node_id].values())
+        ids = {seg.seg_id for seg in segs}
+        t = self._t
+        dropped = dropped_bytes = pinned = pending = 0
+        sole: list[tuple[bytes, int]] = []
+        for s in state.slots_on(ids):
+            p = t.pins[s]
+            if p == PENDING:
+                pending += 1
+                continue
+            if p > 0:
+                pinned += 1
+                continue
+            keep = tuple(h for h in t.handles(s) if h >> OFFSET_BITS not in ids)
+            if not keep:
+                if len(sole) < limit:
+                    sole.append((t.key_of[s], t.size[s]))  # type: ignore[arg-type]
+            elif dropped < limit:
+                self._drop_replicas(s, keep)
+                dropped += 1
+                dropped_bytes += t.size[s]
+        return DrainReport(
+            dropped=dropped,
+            dropped_bytes=dropped_bytes,
+            sole=sole,
+            remaining=sum(seg.replicas for seg in segs),
+            remaining_pinned=pinned,
+            remaining_pending=pending,
+        )
+
+    def _drop_replicas(self, s: int, keep: tuple[int, ...]) -> None:
+        """Free the replicas of unpinned COMPLETE object s that are not in `keep`."""
+        state = self._state
+        t = self._t
+        size = t.size[s]
+        key = t.key_of[s]
+        by_id = state.segments.by_id
+        journal = state.journal
+        for h in t.handles(s):
+            if h in keep:
+                continue
+            seg = by_id.get(h >> OFFSET_BITS)
+            if journal is not None and seg is not None and key is not None:
+                journal.append(ReplicaChange(seg.node_id, seg.tier, key, h & OFFSET_MASK,
+                                             size, t.checksum[s], False))
+            state.free_replica(h, size)
+        state.set_replicas(s, keep, state.footprint(keep, size))

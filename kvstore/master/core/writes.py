@@ -1,0 +1,427 @@
+"""Writes: put_start (the general path), put_end, put_commit, put_revoke, remove, and
+the reclaim of PENDING objects whose writer vanished.
+
+An object is PENDING from put_start until put_end (or put_commit) makes it COMPLETE;
+readers never see it before. Placement, eviction for room, demotion and quotas are the
+other collaborators' decisions; this module orders them for one key (put_one) and
+keeps the writer-ownership rule (writer_may). The batch fast path is batch_put.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvstore.errors import Code, InvalidArgument
+
+from .batch_put import BatchPut
+from .eviction import Eviction
+from .keys import bad_key_message, norm_key, norm_keys
+from .objects import PENDING, PendingWrite
+from .pins import Pins
+from .placement import place
+from .quotas import Quotas
+from .results import Event, EventKind, Location, PutStartResult
+from .segments import DRAM
+from .state import CoreState, Frees
+from .tiers import Tiers
+
+# Space started ahead (put_start(ahead=True)) is granted only while all PENDING space
+# stays under this share of the DRAM pool: a client's pool of placeholders must never
+# crowd out the writes themselves on a small store.
+AHEAD_SHARE = 0.25
+MAX_CHECKSUM = 1 << 64
+
+
+def writer_may(owner: str, writer: str) -> bool:
+    """Whether `writer` may finish or revoke a PENDING object `owner` started.
+    Anonymous writers ("") are trusted; two named writers must match."""
+    return not writer or not owner or writer == owner
+
+
+class Writes:
+    def __init__(self, state: CoreState, pins: Pins, eviction: Eviction, tiers: Tiers,
+                 quotas: Quotas) -> None:
+        self._state = state
+        self._t = state.objects
+        self._pins = pins
+        self._eviction = eviction
+        self._tiers = tiers
+        self._quotas = quotas
+        self.batch = BatchPut(state, self)
+
+    # -- put_start ----------------------------------------------------------------
+
+    def put_start(
+        self,
+        keys: Sequence[bytes],
+        sizes: Sequence[int],
+        checksums: Sequence[int],
+        replicas: int | None,
+        writer: str,
+        ahead: bool,
+    ) -> list[PutStartResult]:
+        """MasterCore.put_start."""
+        state = self._state
+        n = len(keys)
+        if len(sizes) != n or len(checksums) != n:
+            raise InvalidArgument(
+                f"put_start needs one size and one checksum per key: got {n} keys, "
+                f"{len(sizes)} sizes, {len(checksums)} checksums"
+            )
+        state.check_batch(n)
+        config = state.config
+        want = replicas if replicas else config.default_replicas
+        if not 1 <= want <= config.max_replicas:
+            raise InvalidArgument(
+                f"replicas must be between 1 and {config.max_replicas}, got {replicas}"
+            )
+        now = state.clock.now()
+        dram = state.dram
+        want = min(want, len(dram))
+        largest = max((s.alloc.capacity for s in dram), default=0)
+        deadline = now + config.put_timeout
+        if ahead:
+            return self.put_ahead(keys, sizes, checksums, want, writer, now, deadline, largest)
+        results = self.batch.put(keys, sizes, checksums, want, writer, now, deadline, largest)
+        if results is None:
+            results = self.put_each(keys, sizes, checksums, want, writer, now, deadline, largest)
+        self._eviction.to_watermark(now)
+        self._eviction.flush()
+        return results
+
+    def put_ahead(
+        self,
+        keys: Sequence[bytes],
+        sizes: Sequence[int],
+        checksums: Sequence[int],
+        want: int,
+        writer: str,
+        now: float,
+        deadline: float,
+        largest: int,
+    ) -> list[PutStartResult]:
+        """put_start(ahead=True): all of the batch from free space, or none of it."""
+        state = self._state
+        mask = state.align_mask
+        ints = all(isinstance(z, int) and z > 0 for z in sizes)
+        need = sum((z + mask) & ~mask for z in sizes) * want if ints else 0
+        cap = state.pool_capacity
+        results = None
+        if ints and cap and state.ledger.pending + need <= AHEAD_SHARE * cap \
+                and state.pool_used() + need <= state.config.evict_high * cap:
+            # The batch path places only what surely fits: it never evicts and never refuses.
+            results = self.batch.put(keys, sizes, checksums, want, writer, now, deadline, largest)
+        if results is None:
+            refused = PutStartResult(Code.STORE_FULL, [], message="no free space to start "
+                                     "ahead; put the values the usual way")
+            return [refused] * len(keys)
+        return results
+
+    def put_each(
+        self,
+        keys: Sequence[bytes],
+        sizes: Sequence[int],
+        checksums: Sequence[int],
+        want: int,
+        writer: str,
+        now: float,
+        deadline: float,
+        largest: int,
+    ) -> list[PutStartResult]:
+        """put_start one key at a time: the general path."""
+        results: list[PutStartResult] = []
+        seen: dict[bytes, PutStartResult] = {}
+        for key, size, checksum in zip(keys, sizes, checksums, strict=True):
+            k = norm_key(key)
+            if k is None:
+                results.append(self.put_failed("invalid_argument", bad_key_message(key)))
+                continue
+            r = seen.get(k)
+            if r is None:
+                r = seen[k] = self.put_one(k, size, checksum, want, writer, now, deadline, largest)
+            results.append(r)
+        return results
+
+    def put_failed(self, reason: str, message: str,
+                   code: Code = Code.INVALID_ARGUMENT) -> PutStartResult:
+        failures = self._state.counts.put_failures
+        failures[reason] = failures.get(reason, 0) + 1
+        return PutStartResult(code, [], message)
+
+    def put_one(
+        self,
+        key: bytes,
+        size: int,
+        checksum: int,
+        want: int,
+        writer: str,
+        now: float,
+        deadline: float,
+        largest: int,
+    ) -> PutStartResult:
+        if not isinstance(size, int) or size <= 0:
+            return self.put_failed("invalid_argument", f"object size must be > 0 bytes, got {size}")
+        if not isinstance(checksum, int) or not 0 <= checksum < MAX_CHECKSUM:
+            return self.put_failed(
+                "invalid_argument", f"checksum must be an unsigned 64-bit integer, got {checksum}"
+            )
+        state = self._state
+        t = self._t
+        s = t.index.get(key)
+        if s is not None:
+            if t.pins[s] >= 0:
+                return PutStartResult(Code.ALREADY_EXISTS, [])
+            owner = t.pending[s].writer
+            if writer and owner == writer and t.size[s] == size and t.checksum[s] == checksum:
+                # The same writer retrying a put_start whose reply it lost.
+                return PutStartResult(Code.OK, state.locations(s), placement=t.placed[s])
+            return self.put_failed(
+                "in_progress",
+                f"key is being written by {owner or 'another writer'}; retry after it "
+                f"commits or after put_timeout ({state.config.put_timeout:g} s)",
+                Code.IN_PROGRESS,
+            )
+        dram = state.dram
+        if not dram:
+            return self.put_failed("no_segment", self._no_segment_message(), Code.STORE_FULL)
+        if t.usage is not None:
+            refused = self._quotas.room(key, size, now)
+            if refused is not None:
+                return self.put_failed(*refused, Code.QUOTA_EXCEEDED)
+        if size > largest:
+            return self.put_failed(
+                "too_large",
+                f"object of {size} bytes is larger than the largest segment ({largest} bytes)",
+                Code.STORE_FULL,
+            )
+        asize = (size + state.align_mask) & ~state.align_mask
+        placed = place(dram, asize, want)
+        if not placed and state.tiered and now >= state.hold_until \
+                and self._tiers.demote_for(asize):
+            # Dropping would lose objects the SSD tier has room for: make the writer
+            # wait a few ms for the demotions instead.
+            return self.put_failed(
+                "busy", f"making room: {state.ledger.demoting} bytes are moving to SSD; "
+                "retry in a few milliseconds", Code.BUSY)
+        if not placed:
+            placed = self._eviction.evict_for(asize, want, now)
+        if not placed:
+            return self.put_failed("store_full", self._full_message(now), Code.STORE_FULL)
+        handles = []
+        for seg, offset in placed:
+            seg.replicas += 1
+            handles.append(seg.handle(offset))
+        space = asize * len(placed)
+        s = t.new(key, size, checksum, handles, space, now)
+        if s >= len(state.lru.prev):
+            state.grow_lrus()
+        t.pending[s] = PendingWrite(writer, deadline)
+        state.ledger.started(space, size)
+        return PutStartResult(
+            Code.OK,
+            [Location(seg.node_id, seg.name, seg.base_addr + off, size, seg.tier) for seg, off in placed],
+            placement=t.placed[s],
+        )
+
+    def _full_message(self, now: float) -> str:
+        state = self._state
+        free = max((s.alloc.largest_free() for s in state.dram), default=0)
+        msg = (
+            f"store full: {state.ledger.pinned} bytes pinned, {state.ledger.pending} bytes "
+            f"pending, {free} bytes free in the largest free extent"
+        )
+        if now < state.hold_until:
+            msg += (f"; eviction is held for {state.hold_until - now:.1f} s more after a "
+                    "master failover")
+        return msg
+
+    def _no_segment_message(self) -> str:
+        state = self._state
+        if state.draining and state.segments.tier(DRAM):
+            return ("every store node with a DRAM segment is draining; undrain one "
+                    "(kvstore drain NODE --cancel) or add a node")
+        return "no store node has mounted a DRAM segment"
+
+    # -- commit -------------------------------------------------------------------
+
+    def put_end(self, keys: Sequence[bytes], writer: str) -> list[Code]:
+        """MasterCore.put_end."""
+        state = self._state
+        state.check_batch(len(keys))
+        t = self._t
+        now = state.clock.now()
+        index = t.index
+        pins = t.pins
+        pending = t.pending
+        touched = t.touched
+        ok, not_found, exists, in_progress = (Code.OK, Code.NOT_FOUND, Code.ALREADY_EXISTS,
+                                              Code.IN_PROGRESS)
+        out: list[Code] = []
+        seen: dict[bytes, Code] = {}
+        # Slots to commit, in key order: each key has its own slot, and a repeated key
+        # is answered from `seen`, so committing them after the loop changes no answer.
+        done: list[int] = []
+        for k in norm_keys(keys):
+            if k is None:
+                out.append(Code.INVALID_ARGUMENT)
+                continue
+            code = seen.get(k)
+            if code is None:
+                s = index.get(k)
+                if s is None:
+                    code = not_found
+                elif pins[s] != PENDING:
+                    code = exists
+                elif writer and not writer_may(pending[s].writer, writer):
+                    code = in_progress
+                else:
+                    del pending[s]
+                    touched[s] = now
+                    done.append(s)
+                    code = ok
+                seen[k] = code
+            out.append(code)
+        self._pins.commit(done)
+        return out
+
+    def put_commit(self, placeholders: Sequence[bytes], keys: Sequence[bytes],
+                   sizes: Sequence[int], checksums: Sequence[int], writer: str) -> list[Code]:
+        """MasterCore.put_commit."""
+        n = len(keys)
+        if len(placeholders) != n or len(sizes) != n or len(checksums) != n:
+            raise InvalidArgument(
+                f"put_commit needs one placeholder, size and checksum per key: got {n} keys, "
+                f"{len(placeholders)} placeholders, {len(sizes)} sizes, "
+                f"{len(checksums)} checksums")
+        state = self._state
+        state.check_batch(n)
+        t = self._t
+        now = state.clock.now()
+        index, pending, size_of = t.index, t.pending, t.size
+        quotas = state.quotas
+        out: list[Code] = []
+        # Committed after the loop (Pins.commit), so PENDING is read from `pending`,
+        # which the loop keeps current: a slot is in it exactly while it is PENDING.
+        done: list[int] = []
+        for pk, k, size, checksum in zip(norm_keys(placeholders), norm_keys(keys), sizes,
+                                         checksums, strict=True):
+            if k is None or pk is None:
+                out.append(Code.INVALID_ARGUMENT)
+                continue
+            s = index.get(pk)
+            if s is None or (pw := pending.get(s)) is None:
+                out.append(Code.NOT_FOUND)
+                continue
+            # Placeholders are a named writer's own: no anonymous writer commits one.
+            if not writer or pw.writer != writer:
+                out.append(Code.IN_PROGRESS)
+                continue
+            if size_of[s] != size or type(checksum) is not int or not 0 <= checksum < MAX_CHECKSUM:
+                out.append(Code.INVALID_ARGUMENT)
+                continue
+            other = index.get(k)
+            if other is not None:
+                out.append(Code.IN_PROGRESS if other in pending else Code.ALREADY_EXISTS)
+                continue
+            if quotas and self._quotas.crosses(pk, k):
+                # Bytes would enter a tenant with a quota without its check (put_start's).
+                out.append(Code.INVALID_ARGUMENT)
+                continue
+            t.rename(s, k)
+            t.checksum[s] = checksum
+            del pending[s]
+            t.touched[s] = now
+            done.append(s)
+            out.append(Code.OK)
+        self._pins.commit(done)
+        return out
+
+    # -- taking objects back ------------------------------------------------------
+
+    def put_revoke(self, keys: Sequence[bytes], writer: str) -> list[Code]:
+        """MasterCore.put_revoke."""
+        state = self._state
+        state.check_batch(len(keys))
+        t = self._t
+        out: list[Code] = []
+        seen: dict[bytes, Code] = {}
+        for k in norm_keys(keys):
+            if k is None:
+                out.append(Code.INVALID_ARGUMENT)
+                continue
+            code = seen.get(k)
+            if code is None:
+                s = t.index.get(k)
+                if s is None:
+                    code = Code.NOT_FOUND
+                elif t.pins[s] != PENDING:
+                    code = Code.ALREADY_EXISTS
+                elif not writer_may(t.pending[s].writer, writer):
+                    code = Code.IN_PROGRESS
+                else:
+                    state.drop(s)
+                    code = Code.OK
+                seen[k] = code
+            out.append(code)
+        return out
+
+    def remove(self, keys: Sequence[bytes], force: bool) -> list[Code]:
+        """MasterCore.remove."""
+        state = self._state
+        state.check_batch(len(keys))
+        t = self._t
+        out: list[Code] = []
+        seen: dict[bytes, Code] = {}
+        removed: list[bytes] = []
+        removed_size = 0
+        index = t.index
+        pins = t.pins
+        # The batch's ranges, freed together at the end: a batch written together sits
+        # together, and adjacent ranges then cost one free instead of one each.
+        frees: Frees = {}
+        try:
+            for k in norm_keys(keys):
+                if k is None:
+                    out.append(Code.INVALID_ARGUMENT)
+                    continue
+                code = seen.get(k)
+                if code is None:
+                    s = index.get(k)
+                    if s is None:
+                        code = Code.NOT_FOUND
+                    elif pins[s] != 0 and not force:
+                        code = Code.IN_PROGRESS
+                    else:
+                        removed.append(k)
+                        removed_size += t.size[s]
+                        state.drop(s, frees)
+                        code = Code.OK
+                    seen[k] = code
+                out.append(code)
+        finally:
+            for seg, ranges in frees.items():
+                seg.alloc.free_many(ranges)
+        if removed:
+            state.events.emit(Event(EventKind.REMOVED, removed, removed_size))
+        return out
+
+    def reclaim(self, now: float) -> int:
+        """Drop the PENDING objects past their put_timeout; returns how many."""
+        state = self._state
+        t = self._t
+        zombies: list[int] = []
+        for s, pw in t.pending.items():
+            if pw.deadline > now:
+                break
+            zombies.append(s)
+        if not zombies:
+            return 0
+        keys: list[bytes] = []
+        size = 0
+        for s in zombies:
+            keys.append(t.key_of[s])  # type: ignore[arg-type]
+            size += t.size[s]
+            state.drop(s)
+        state.counts.reclaimed += len(zombies)
+        state.events.emit(Event(EventKind.RECLAIMED, keys, size))
+        return len(zombies)
