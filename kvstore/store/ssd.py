@@ -286,6 +286,10 @@ class SsdTier:
             existing = self._index.touch(key)
             if existing is not None:
                 return existing
+            # Victims here are files the master does not count (it reserves a worst-case
+            # size per object against this cap and drops its own victims before the
+            # Move): nobody is told, because the master already treats a missing SSD
+            # copy as lost when it promotes it. docs/ssd.md, "Who evicts".
             plan = self._index.plan_put(key, need)
             for victim in plan.victims:
                 self._commit.forget_locked(victim.key)
