@@ -86,14 +86,14 @@ def test_drain_drops_extra_replicas_and_lists_sole_copies() -> None:
     sole = ks(6, b"sole")
     put(core, sole)
     core.set_draining("n0", False)
-    core.drain_replica_changes()
+    core.take_replica_changes()
 
     r = core.drain("n1", limit=4)
     assert core.draining() == ["n1"]
     assert (r.dropped, r.dropped_bytes) == (4, 4 * KiB)
     assert len(r.sole) == 4 and all(size == KiB for _, size in r.sole)
     assert r.remaining == 16 - 4
-    changes = core.drain_replica_changes()
+    changes = core.take_replica_changes()
     assert len(changes) == 4 and all(c.node_id == "n1" and not c.added for c in changes)
 
     r = core.drain("n1", limit=100)

@@ -1,4 +1,4 @@
-"""put_start's batch path (MasterCore._put_batch) against the one-key-at-a-time path.
+"""put_start's batch path (BatchPut.put, batch_put.py) against the one-key-at-a-time path.
 
 The batch path places a whole batch with a few allocator calls per segment; it must be
 indistinguishable from _put_each: the same result for every key (codes, messages,

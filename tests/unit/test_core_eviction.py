@@ -30,7 +30,7 @@ def put(core: MasterCore, keys: list[bytes], size: int = KiB) -> list[list[tuple
 
 
 def evicted(core: MasterCore) -> list[bytes]:
-    return [k for e in core.drain_events() if e.kind == EventKind.EVICTED for k in e.keys]
+    return [k for e in core.take_events() if e.kind == EventKind.EVICTED for k in e.keys]
 
 
 def overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:

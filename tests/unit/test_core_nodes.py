@@ -87,7 +87,7 @@ def test_node_loss_with_a_surviving_replica_keeps_the_object_readable() -> None:
     assert (st.pool_capacity, st.pool_used, st.pool_pinned) == (100 * KiB, 2 * KiB, 2 * KiB)
     core.release_lease(lease.lease_id)
     assert core.stats().pool_pinned == 2 * KiB  # still pinned by the second lookup
-    assert core.drain_events() == []
+    assert core.take_events() == []
 
 
 def test_node_loss_of_the_last_replica_drops_the_object() -> None:
@@ -101,7 +101,7 @@ def test_node_loss_of_the_last_replica_drops_the_object() -> None:
     assert core.lookup([b"a", b"b"]).count == 0
     g = core.get_replicas([b"a", b"b"], lease_id=lease.lease_id)
     assert [r.code for r in g.results] == [Code.NOT_FOUND, Code.OK]
-    [ev] = core.drain_events()
+    [ev] = core.take_events()
     assert (ev.kind, ev.keys, ev.bytes, ev.node_id) == (EventKind.NODE_LOST, [b"a"], KiB, node)
     core.release_lease(lease.lease_id)
     st = core.stats()

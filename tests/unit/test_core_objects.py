@@ -139,7 +139,7 @@ def test_zombie_pending_is_reclaimed_after_put_timeout() -> None:
     assert report.reclaimed == 2
     st = core.stats()
     assert (st.objects_pending, st.pool_used, st.pool_pending, st.reclaimed_pending) == (0, 0, 0, 2)
-    [ev] = core.drain_events()
+    [ev] = core.take_events()
     assert ev.kind == EventKind.RECLAIMED and ev.keys == [b"z", b"y"] and ev.bytes == 2048
     assert core.put_end([b"z"], writer="crashed") == [Code.NOT_FOUND]
     [again] = start(core, [b"z"], writer="new")
@@ -230,7 +230,7 @@ def test_remove() -> None:
         Code.IN_PROGRESS,
     ]
     assert core.exists([b"a", b"b"]) == [False, True]
-    [ev] = core.drain_events()
+    [ev] = core.take_events()
     assert ev.kind == EventKind.REMOVED and ev.keys == [b"a"] and ev.bytes == 1024
     assert core.remove([b"p"], force=True) == [Code.OK]
     assert core.put_end([b"p"]) == [Code.NOT_FOUND]
@@ -298,6 +298,6 @@ def test_events_are_bounded() -> None:
     for k in (b"a", b"b", b"c"):
         put(core, [k])
         core.remove([k])
-    assert [e.keys for e in core.drain_events()] == [[b"b"], [b"c"]]
+    assert [e.keys for e in core.take_events()] == [[b"b"], [b"c"]]
     assert core.stats().events_dropped == 1
-    assert core.drain_events() == []
+    assert core.take_events() == []

@@ -28,7 +28,7 @@ def put(core: MasterCore, key: bytes, size: int = 10 * KiB) -> int:
         (r,) = core.put_start([key], [size], [1])
         if r.code != Code.BUSY:
             break
-        for m in core.drain_tier_moves():
+        for m in core.take_tier_moves():
             core.finish_tier_move(m, Code.OK)
     assert r.code == Code.OK, r
     assert core.put_end([key]) == [Code.OK]
@@ -106,14 +106,14 @@ def test_demoted_and_promoted_back_is_a_new_placement_each_time() -> None:
     first = put(core, b"k0")
     for i in range(1, 11):
         put(core, f"k{i}".encode())
-    for m in core.drain_tier_moves():
+    for m in core.take_tier_moves():
         core.finish_tier_move(m, Code.OK)  # the oldest are demoted to SSD
     info = core.inspect(b"k0")
     assert info is not None and [loc.tier for loc in info.locations] == ["ssd"]
     lease = core.lookup([b"k0"])
     on_ssd = core.get_replicas([b"k0"], lease_id=lease.lease_id).results[0]
     assert on_ssd.code == Code.IN_PROGRESS  # not readable there: no placement handed out
-    (promote,) = core.drain_tier_moves()
+    (promote,) = core.take_tier_moves()
     core.finish_tier_move(promote, Code.OK)
     back = core.get_replicas([b"k0"], lease_id=lease.lease_id).results[0]
     assert back.code == Code.OK and back.locations[0].tier == "dram"

@@ -214,7 +214,7 @@ def test_not_found_after_reclaim_by_tick() -> None:
     clock.advance(0.2)
     report = core.tick()
     assert report.reclaimed == 1
-    assert [e.kind for e in core.drain_events()] == [EventKind.RECLAIMED]
+    assert [e.kind for e in core.take_events()] == [EventKind.RECLAIMED]
     assert commit(core, [(b"ph", b"k")]) == [NOT_FOUND]
     assert core.exists([b"k"]) == [False] and core.keys() == []
     assert counts(core.stats())[:4] == (0, 0, 0, 0)
@@ -321,7 +321,7 @@ def test_committed_objects_are_evicted_in_commit_order() -> None:
     # One more 4 KiB: 60 KiB > 0.9 * 64 KiB, so eviction frees down to <= 0.8 * 64 KiB,
     # taking the three committed first (k13, k12, k11) and nothing newer.
     start(core, [b"new"], 4 * KiB)
-    evicted = [e for e in core.drain_events() if e.kind == EventKind.EVICTED]
+    evicted = [e for e in core.take_events() if e.kind == EventKind.EVICTED]
     assert [k for e in evicted for k in e.keys] == [b"k13", b"k12", b"k11"]
     assert core.exists([b"k%d" % i for i in range(14)]) == [True] * 11 + [False] * 3
     st_ = core.stats()
@@ -371,9 +371,9 @@ def test_journal_records_the_real_key_never_the_placeholder() -> None:
     core, _ = make(nodes=2)
     core.journal = []
     r = start(core, [b"ph"], 100, replicas=2)[0]
-    assert core.drain_replica_changes() == []  # PENDING: nobody's inventory yet
+    assert core.take_replica_changes() == []  # PENDING: nobody's inventory yet
     assert commit(core, [(b"ph", b"real")], size=100, checksum=42) == [OK]
-    added = core.drain_replica_changes()
+    added = core.take_replica_changes()
     assert sorted((c.node_id, c.key, c.size, c.checksum, c.added) for c in added) == [
         ("n0", b"real", 100, 42, True), ("n1", b"real", 100, 42, True)]
     bases = {"n0": 1 << 32, "n1": 2 << 32}
@@ -383,9 +383,9 @@ def test_journal_records_the_real_key_never_the_placeholder() -> None:
     start(core, [b"ph2"], 100)
     assert commit(core, [(b"ph2", b"real")], size=100) == [EXISTS]
     assert commit(core, [(b"ph2", b"x")], size=101) == [BAD]
-    assert core.drain_replica_changes() == []
+    assert core.take_replica_changes() == []
     assert core.remove([b"real"]) == [OK]
-    dropped = core.drain_replica_changes()
+    dropped = core.take_replica_changes()
     assert sorted((c.node_id, c.key, c.added) for c in dropped) == [
         ("n0", b"real", False), ("n1", b"real", False)]
     assert all(c.key != b"ph" for c in added + dropped)

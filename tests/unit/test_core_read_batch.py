@@ -1,4 +1,4 @@
-"""get_replicas's batch scan (MasterCore._read_batch) against the per-key path.
+"""get_replicas's batch scan (Reads.read_batch, reads.py) against the per-key path.
 
 Without a lease id, get_replicas reads every key and pins the ones found under one new
 lease. The batch scan handles the common case (valid bytes keys, objects in DRAM) in one

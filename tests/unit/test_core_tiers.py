@@ -43,7 +43,7 @@ def tiers(core: MasterCore, key: bytes) -> list[str]:
 
 def finish_all(core: MasterCore, code: Code = Code.OK,
                promote: Code | None = None) -> list[TierMove]:
-    moves = core.drain_tier_moves()
+    moves = core.take_tier_moves()
     for m in moves:
         core.finish_tier_move(m, code if m.kind == "demote" or promote is None else promote)
     return moves
@@ -53,7 +53,7 @@ def test_eviction_demotes_to_ssd_and_frees_dram_only_after_the_copy() -> None:
     core = make()
     fill(core, 0, 9)  # 90 KiB of a 100 KiB pool
     fill(core, 9, 1)  # over the high watermark: the oldest are demoted
-    moves = core.drain_tier_moves()
+    moves = core.take_tier_moves()
     assert [m.kind for m in moves] == ["demote"] * len(moves) and moves
     assert moves[0].key == b"k0" and moves[0].node_id == "n0"
     # Until the node confirms, the object is still in DRAM and still readable there.
@@ -67,7 +67,7 @@ def test_eviction_demotes_to_ssd_and_frees_dram_only_after_the_copy() -> None:
     assert core.exists([b"k0"]) == [True]
     assert core.lookup([b"k0", b"k1"]).count == 2  # SSD replicas are hits
     assert core.tier_counters()["demotions"] == len(moves)
-    changes = core.drain_replica_changes()
+    changes = core.take_replica_changes()
     assert any(c.key == b"k0" and c.tier == "ssd" and c.added for c in changes)
     assert any(c.key == b"k0" and c.tier == "dram" and not c.added for c in changes)
 
@@ -76,10 +76,10 @@ def test_demotion_does_not_snowball_while_copies_are_in_flight() -> None:
     core = make()
     fill(core, 0, 9)
     fill(core, 9, 1)
-    first = core.drain_tier_moves()
+    first = core.take_tier_moves()
     core.tick()
     core.tick()
-    assert core.drain_tier_moves() == []  # nothing more: the in-flight ones suffice
+    assert core.take_tier_moves() == []  # nothing more: the in-flight ones suffice
     assert first
 
 
@@ -101,7 +101,7 @@ def test_promotion_brings_an_ssd_object_back_and_is_shared_by_readers() -> None:
     finish_all(core)
     assert tiers(core, b"k0") == ["ssd"]
     lease = core.lookup([b"k0"])  # an SSD hit starts its promotion at lookup
-    started = core.drain_tier_moves()
+    started = core.take_tier_moves()
     assert len(started) == 1 and started[0].kind == "promote"
     assert core.promote([b"k0", b"k0"]) == []  # a second reader waits for the same copy
     assert core.moving(b"k0")
@@ -117,7 +117,7 @@ def test_corrupt_ssd_copy_is_dropped_never_served() -> None:
     fill(core, 0, 10)
     finish_all(core)
     lease = core.lookup([b"k0"])
-    (move,) = core.drain_tier_moves()
+    (move,) = core.take_tier_moves()
     core.finish_tier_move(move, Code.CORRUPT)
     assert core.inspect(b"k0") is None
     assert core.get_replicas([b"k0"], lease_id=lease.lease_id).results[0].code == Code.NOT_FOUND
@@ -142,14 +142,14 @@ def test_pinned_ssd_objects_survive_ssd_pressure() -> None:
 def test_without_ssd_eviction_drops_as_before() -> None:
     core = make(ssd=0)
     fill(core, 0, 10)
-    assert core.drain_tier_moves() == []
+    assert core.take_tier_moves() == []
     assert core.stats().evictions > 0
 
 
 def test_node_loss_mid_move_releases_everything() -> None:
     core = make()
     fill(core, 0, 10)
-    moves = core.drain_tier_moves()
+    moves = core.take_tier_moves()
     assert moves
     core.unmount_node("n0")
     for m in moves:
@@ -176,11 +176,11 @@ def test_reads_of_ssd_objects_answer_in_progress_and_start_one_promotion() -> No
     core.on_move_queued = lambda: woken.append(1)
     lease = core.lookup([b"k0", b"k1"])  # SSD hits start their promotion at lookup
     assert lease.count == 2
-    moves = core.drain_tier_moves()
+    moves = core.take_tier_moves()
     assert sorted(m.key for m in moves) == [b"k0", b"k1"] and woken
     r = core.get_replicas([b"k0"], lease_id=lease.lease_id).results[0]
     assert r.code == Code.IN_PROGRESS and not r.locations
-    assert core.drain_tier_moves() == []  # already moving: no second SSD read
+    assert core.take_tier_moves() == []  # already moving: no second SSD read
     for m in moves:
         core.finish_tier_move(m, Code.OK)
     r = core.get_replicas([b"k0"], lease_id=lease.lease_id).results[0]
@@ -193,7 +193,7 @@ def test_an_unpinned_read_of_an_ssd_object_starts_its_promotion_and_pins_nothing
     finish_all(core)
     g = core.get_replicas([b"k0"], pin=False)
     assert g.lease_id == 0 and g.results[0].code == Code.IN_PROGRESS
-    moves = core.drain_tier_moves()
+    moves = core.take_tier_moves()
     assert [m.key for m in moves] == [b"k0"]
     for m in moves:
         core.finish_tier_move(m, Code.OK)
@@ -206,7 +206,7 @@ def test_an_unpinned_read_of_an_ssd_object_starts_its_promotion_and_pins_nothing
 def test_full_dram_with_ssd_room_makes_writers_wait_instead_of_dropping() -> None:
     core = make()
     fill(core, 0, 8)  # 80 KiB: under the high watermark, nothing demoted yet
-    assert core.drain_tier_moves() == []
+    assert core.take_tier_moves() == []
     res = core.put_start([b"big"], [30 * KiB], [1])  # does not fit in the 20 KiB left
     assert res[0].code == Code.BUSY and "moving to SSD" in res[0].message
     assert core.stats().evictions == 0  # nothing was dropped
@@ -220,21 +220,21 @@ def test_object_removed_mid_demotion_has_its_ssd_file_dropped() -> None:
     dropped, or it stays on disk (and would come back after a restart) for ever."""
     core = make()
     fill(core, 0, 10)
-    moves = core.drain_tier_moves()
+    moves = core.take_tier_moves()
     assert moves
     gone = moves[0]
     assert core.remove([gone.key], force=True) == [Code.OK]
-    core.drain_replica_changes()
+    core.take_replica_changes()
     for m in moves:
         core.finish_tier_move(m, Code.OK)
-    drops = [c for c in core.drain_replica_changes() if c.key == gone.key]
+    drops = [c for c in core.take_replica_changes() if c.key == gone.key]
     assert [(c.tier, c.offset, c.added, c.node_id) for c in drops] == \
         [("ssd", gone.ssd_offset, False, "n0")]
     # a failed demotion wrote nothing to drop
     core2 = make()
     fill(core2, 0, 10)
-    moves2 = core2.drain_tier_moves()
+    moves2 = core2.take_tier_moves()
     core2.remove([moves2[0].key], force=True)
-    core2.drain_replica_changes()
+    core2.take_replica_changes()
     core2.finish_tier_move(moves2[0], Code.STORE_FULL)
-    assert [c for c in core2.drain_replica_changes() if c.key == moves2[0].key] == []
+    assert [c for c in core2.take_replica_changes() if c.key == moves2[0].key] == []

@@ -1,7 +1,8 @@
 """The master's core: object index, allocation, leases, eviction — no I/O.
 
 The gRPC server and the etcd layer drive a `MasterCore` by method calls and map its
-results onto messages; tests drive it with a `ManualClock`. See core.py for the rules.
+results onto messages; tests drive it with a `ManualClock`. See core.py for the rules
+and the map of the collaborators behind the facade.
 """
 
 from .clock import Clock, ManualClock, MonotonicClock
@@ -15,6 +16,7 @@ from .results import (
     GetReplicasResult,
     Location,
     LookupResult,
+    MoveKind,
     NodeStats,
     ObjectInfo,
     PutStartResult,
@@ -22,6 +24,7 @@ from .results import (
     ReplicaChange,
     SegmentStats,
     TickReport,
+    Tier,
     TierMove,
 )
 
@@ -38,6 +41,7 @@ __all__ = [
     "ManualClock",
     "MasterCore",
     "MonotonicClock",
+    "MoveKind",
     "NodeStats",
     "ObjectInfo",
     "PutStartResult",
@@ -45,5 +49,6 @@ __all__ = [
     "ReplicaChange",
     "SegmentStats",
     "TickReport",
+    "Tier",
     "TierMove",
 ]
