@@ -107,8 +107,9 @@ class Engine:
         self.cpu.close()  # frees its CPU buffer
 
 
-def start_engine(extra: dict[str, Any], model: str = MODEL) -> Engine:
-    config = lmcache_config(extra)
+def start_engine(extra: dict[str, Any], model: str = MODEL, config: Any = None) -> Engine:
+    """An engine from the plug-in options `extra`, or from a whole LMCache `config`."""
+    config = config if config is not None else lmcache_config(extra)
     metadata = lmcache_metadata(model)
     cpu = LocalCPUBackend(config, metadata)
     loop = asyncio.new_event_loop()
@@ -123,8 +124,8 @@ def engines() -> Iterator[Callable[..., Engine]]:
     """Start LMCache engines (closed at the end of the test)."""
     started: list[Engine] = []
 
-    def start(extra: dict[str, Any], model: str = MODEL) -> Engine:
-        e = start_engine(extra, model)
+    def start(extra: dict[str, Any], model: str = MODEL, config: Any = None) -> Engine:
+        e = start_engine(extra, model, config)
         started.append(e)
         return e
 
