@@ -51,6 +51,14 @@ ADMIN_TIMEOUT = 3.0
 TRANSIENT: tuple[type[BaseException], ...] = (grpc.RpcError, OSError, LookupError, ValueError,
                                               StopIteration, KVStoreError)
 _ANNOUNCED = re.compile(r"node (\S+) announced in etcd")
+_GONE = re.compile(r"node (\S+) is gone \(etcd lease ended\); (\d+) objects went with it")
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def store_has_flag(flag: str) -> bool:
@@ -81,6 +89,7 @@ class ChaosCluster:
         self._holder: subprocess.Popen[bytes] | None = None
         self._stack = contextlib.ExitStack()
         self.data_dir_flag = False
+        self._last_leader = ""
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -198,7 +207,14 @@ class ChaosCluster:
     # -- calls at the leader -------------------------------------------------------------
 
     def admin(self, method: str, request: Any, timeout: float = ADMIN_TIMEOUT) -> Any:
-        address = self.leader_record().address
+        # While etcd is down the last leader seen is asked: it may still serve, and the
+        # placements of what was written just before the outage are wanted then.
+        try:
+            address = self._last_leader = self.leader_record().address
+        except KVStoreError:
+            if not self._last_leader:
+                raise
+            address = self._last_leader
         with grpc.insecure_channel(address) as ch:
             reply = getattr(pbg.MasterStub(ch), method)(request, timeout=timeout)
         if reply.error.code:
@@ -244,6 +260,20 @@ class ChaosCluster:
                     return time.monotonic() - t0
             time.sleep(0.1)
         raise TimeoutError(f"{what}: not within {timeout:.0f} s")
+
+    def master_log_sizes(self) -> dict[str, int]:
+        return {d.name: _size(d.log) for d in self.masters}
+
+    def objects_gone(self, since: dict[str, int]) -> dict[str, int]:
+        """Per node id: the objects the masters logged as gone with it ("node X is gone
+        (etcd lease ended); N objects went with it") after the log sizes `since`."""
+        out: dict[str, int] = {}
+        for d in self.masters:
+            with contextlib.suppress(OSError), open(d.log, "rb") as f:
+                f.seek(since.get(d.name, 0))
+                for node, n in _GONE.findall(f.read().decode(errors="replace")):
+                    out[node] = out.get(node, 0) + int(n)
+        return out
 
     def logs(self, tail: int = 2500) -> str:
         out = []

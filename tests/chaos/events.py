@@ -65,7 +65,15 @@ def _signal_store(ctx: Ctx, sig: int, later: bool, name: str) -> Applied:
     node = c.node_id(d)
     delay = ctx.rng.uniform(*DELAY) if later else 0.0
     t = time.monotonic()
+    if sig == signal.SIGTERM:
+        # A SIGTERMed node unmounts within milliseconds and the leader forgets its copies
+        # at once: where the last objects written were must be asked first. The node is
+        # frozen meanwhile (a few ms), so nothing is written to it unseen.
+        c.sup.signal(d, signal.SIGSTOP)
+        ctx.place()
     pid = c.sup.signal(d, sig, restart_after=delay)
+    if sig == signal.SIGTERM:
+        c.sup.signal(d, signal.SIGCONT)
     # The DRAM of a SIGTERMed node goes with it too: it unmounts and exits.
     ctx.ledger.dram_lost(node, t, f"{signal.Signals(sig).name} of {node}")
     ctx.place()

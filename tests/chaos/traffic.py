@@ -190,8 +190,16 @@ class Worker:
                 self.stats.error(exc)
 
     def _retire(self, client: Any) -> None:
+        # Keys the checks counted lost leave the working set without a read.
+        if any(self.ledger.state(k) != "live" for k in list(self.mine)[:BATCH * 4]):
+            self.mine = deque(k for k in self.mine if self.ledger.state(k) == "live")
         pinned = set(self.lease.keys) if self.lease is not None else set()
-        batch = [k for k in list(self.mine)[:BATCH * 2] if k not in pinned][:BATCH]
+        # Up to 4 batches a step: a working set that grew while the cluster was down
+        # shrinks back, since each step also puts one batch.
+        n = min(len(self.mine) - LIVE_CAP, 4 * BATCH)
+        batch = [k for k in list(self.mine)[:n * 2] if k not in pinned][:n]
+        if not batch:
+            return
         got = self._call(client.get_many, batch)
         right = []
         for key, value in zip(batch, got, strict=True):
@@ -206,10 +214,12 @@ class Worker:
         if right:
             self._call(client.remove_many, right)
             self.stats.retired += len(right)
-        # Keys missing here stay in `mine` but must not block retirement forever.
+        # A key missing here goes to the back of `mine` until the checks judge it, so
+        # that the keys behind it are retired meanwhile.
         for key in batch:
-            if key not in right and key in self.mine and self.ledger.state(key) != "live":
+            if key not in right and key in self.mine:
                 self.mine.remove(key)
+                self.mine.append(key)
 
 
 class Traffic:
