@@ -97,7 +97,12 @@ def test_group_puts_do_not_fsync_each_object(
         tier: SsdTier, monkeypatch: pytest.MonkeyPatch) -> None:
     fsyncs: list[int] = []
     real = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real(fd))[1])
+
+    def counted_fsync(fd: int) -> None:
+        fsyncs.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", counted_fsync)
     for i in range(5):
         put_nosync(tier, i)
     assert fsyncs == []
