@@ -192,13 +192,17 @@ class KVStoreConnector(RemoteConnector):
 
     # -- the worker thread ----------------------------------------------------------------
 
-    def _say(self, sentence: str, *args: Any, level: int = logging.WARNING) -> None:
-        """Log, at most once per 10 s per sentence: a dead store must not flood the log."""
+    def _say(self, sentence: str, *args: Any, level: int = logging.WARNING,
+             topic: str = "") -> None:
+        """Log, at most once per 10 s per topic (the sentence itself when none is given;
+        sentences naming a key or an error give one): a dead store, or a stream of
+        refused keys, must not flood the log."""
         now = time.monotonic()
+        topic = topic or sentence
         with self._said_lock:
-            if now - self._said.get(sentence, -1e9) < 10.0:
+            if now - self._said.get(topic, -1e9) < 10.0:
                 return
-            self._said[sentence] = now
+            self._said[topic] = now
         log.log(level, "kvstore: " + sentence, *args)
 
     def _connect_quietly(self) -> None:
@@ -258,7 +262,7 @@ class KVStoreConnector(RemoteConnector):
     def _failed(self, sentence: str) -> None:
         self.stats.store_down += 1
         self._down_until = time.monotonic() + self.options.retry_interval
-        self._say(sentence)
+        self._say(sentence, topic="store down")
 
     def _job(self, what: str, fn: Callable[[KVStoreClient], T], default: T) -> T:
         """Run `fn(client)` on the worker thread; `default` (a miss) if the store fails."""
@@ -274,11 +278,11 @@ class KVStoreConnector(RemoteConnector):
                          f"next try in {self.options.retry_interval:g} s")
             return default
         except KVStoreError as exc:
-            self._say(f"{what} failed ({type(exc).__name__}: {exc}); treated as a miss")
+            self._say(f"{what} failed ({type(exc).__name__}: {exc}); treated as a miss", topic=what)
             return default
         except Exception as exc:  # a bug must not take LMCache down either
             log.exception("kvstore: %s failed unexpectedly; treated as a miss", what)
-            self._say(f"{what} failed ({type(exc).__name__}: {exc})")
+            self._say(f"{what} failed ({type(exc).__name__}: {exc})", topic=what)
             return default
 
     def _submit(self, what: str, fn: Callable[[KVStoreClient], T],
@@ -320,7 +324,7 @@ class KVStoreConnector(RemoteConnector):
             client.release(pin.lease)
             self.stats.leases_released += 1
         except KVStoreError as exc:  # it expires by itself after lease_ttl
-            self._say(f"releasing a lease failed ({exc}); it expires on its own")
+            self._say(f"releasing a lease failed ({exc}); it expires on its own", topic="release")
 
     def _pin(self, client: KVStoreClient, lookup_id: str, keys: list[bytes]) -> int:
         """Lookup under a lease kept for `lookup_id`; the number of leading hits."""
@@ -396,20 +400,21 @@ class KVStoreConnector(RemoteConnector):
                 errs = _get_into(client, keys, views, lease)
             except (LeaseExpired, LeaseNotFound) as exc:
                 # The promise is over (TTL passed): read what is still there, unpinned.
-                self._say(f"a lookup's lease ended before its get ({exc}); reading unpinned")
+                self._say(f"a lookup's lease ended before its get ({exc}); reading unpinned",
+                          topic="lease ended")
                 errs = _get_into(client, keys, views, None)
             for i, (k, err) in enumerate(zip(keys, errs, strict=True)):
                 if err is None:
                     size = self._stored_size(client, k)
                     if size is not None and size != self.chunk_bytes:
                         self._say(f"object {k!r} holds {size} bytes where a chunk of this "
-                                  f"engine has {self.chunk_bytes}; treated as a miss")
+                                  f"engine has {self.chunk_bytes}; treated as a miss", topic="size")
                         continue
                     ok[i] = True
                     self.stats.zero_copy_reads += 1
                 elif not isinstance(err, NotFound):
                     self._say(f"reading a chunk failed ({type(err).__name__}: {err}); "
-                              "treated as a miss")
+                              "treated as a miss", topic="read")
             return ok
         datas = client.get_many(keys)
         for i, (k, data, view) in enumerate(zip(keys, datas, views, strict=True)):
@@ -417,7 +422,7 @@ class KVStoreConnector(RemoteConnector):
                 continue
             if len(data) != self.chunk_bytes:
                 self._say(f"object {k!r} holds {len(data)} bytes where a chunk of this engine "
-                          f"has {self.chunk_bytes}; treated as a miss")
+                          f"has {self.chunk_bytes}; treated as a miss", topic="size")
                 continue
             view.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
             ok[i] = True
@@ -442,7 +447,7 @@ class KVStoreConnector(RemoteConnector):
                 self.stats.bytes_written += view.numel()  # type: ignore[union-attr]
                 self.stats.zero_copy_writes += zero_copy
             else:
-                self._say(f"storing a chunk failed ({type(err).__name__}: {err}); not stored")
+                self._say(f"storing a chunk failed ({type(err).__name__}: {err}); not stored", topic="write")
         self.stats.puts += stored
         self.stats.put_skipped += len(keys) - stored
         return stored
@@ -454,7 +459,7 @@ class KVStoreConnector(RemoteConnector):
         for k in keys:
             why = self._foreign(k)
             if why is not None:
-                self._say(f"{what}: {why}; treated as a miss")
+                self._say(f"{what}: {why}; treated as a miss", topic="foreign")
                 return None
         return [self.store_key(k) for k in keys]
 
@@ -464,7 +469,7 @@ class KVStoreConnector(RemoteConnector):
         for k in keys:
             why = self._foreign(k)
             if why is not None:
-                self._say(f"{what}: {why}; the lookup stops there")
+                self._say(f"{what}: {why}; the lookup stops there", topic="foreign")
                 break
             out.append(self.store_key(k))
         return out
@@ -477,7 +482,8 @@ class KVStoreConnector(RemoteConnector):
                 obj = self.local_cpu_backend.allocate(self.meta_shapes, self.meta_dtypes,
                                                       self.meta_fmt, busy_loop=False)
             except Exception as exc:  # the scheduler role's stub backend allocates nothing
-                self._say(f"cannot allocate a chunk in LMCache's CPU buffer ({exc}); a miss")
+                self._say(f"cannot allocate a chunk in LMCache's CPU buffer ({exc}); a miss",
+                          topic="allocate")
                 break
             if obj is None:
                 self._say("LMCache's CPU buffer is full; the remaining chunks are misses")
@@ -613,7 +619,7 @@ class KVStoreConnector(RemoteConnector):
                 why = (f"chunk {key.to_string()} has {size} bytes, a full chunk {self.chunk_bytes} "
                        "(partial chunks, save_unfull_chunk=True, are not stored)")
             if why is not None:
-                self._say(f"put: {why}; not stored")
+                self._say(f"put: {why}; not stored", topic="put refused")
                 self.stats.put_skipped += 1
                 continue
             send_keys.append(self.store_key(key))
