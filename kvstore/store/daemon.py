@@ -383,8 +383,14 @@ class StoreDaemon:
             # Only etcd's word ends the lease (confirm_loss): etcd restores leases when it
             # restarts, and clearing the inventory during an outage would cost the next
             # leader the whole cache.
-            await self.etcd.keep_alive(self.lease_id, self.opts.etcd_lease_ttl,
-                                       self._lease_lost.set, confirm_loss=True)
+            try:
+                await self.etcd.keep_alive(self.lease_id, self.opts.etcd_lease_ttl,
+                                           self._lease_lost.set, confirm_loss=True)
+            except Exception as exc:  # not etcd's word on the lease: it may well live on
+                log.warning("node %s: keepalive of etcd lease %x failed (%s); announcing "
+                            "again", self.node_id, self.lease_id, exc)
+                await asyncio.sleep(1.0)
+                continue  # the key is still ours: the next round binds it to a new lease
             # The master dropped our replicas when the lease ended; so do we, or a later
             # leader would adopt ranges it has since handed out again.
             self.inventory.clear()
