@@ -144,7 +144,7 @@ class Eviction:
     def evict(self, s: int, frees: Frees | None = None, tier: Tier = DRAM) -> None:
         """Drop COMPLETE object s as evicted: counted under `tier`'s evictions (SSD:
         dropped to make room on its SSD tier) and reported in the next EVICTED event
-        (flush). `frees`: see CoreState.free_replica."""
+        (flush). `frees`: see CoreState.free_replicas."""
         state = self._state
         t = self._t
         size = t.size[s]
@@ -190,7 +190,7 @@ class Eviction:
         """Evict the least recently used evictable object: (DRAM bytes freed, its
         replica handles), or (0, ()) when nothing is evictable. With `demote`, an object
         whose node has SSD room is demoted instead of dropped (its DRAM is freed once
-        the node has copied it). `frees`: see CoreState.free_replica."""
+        the node has copied it). `frees`: see CoreState.free_replicas."""
         s = self._lru.oldest()
         if not s:
             return 0, ()

@@ -28,6 +28,11 @@ from .results import (
 from .segments import DRAM, OFFSET_BITS, SSD
 from .state import RECENT, CoreState
 
+if RECENT != ("lookup_keys", "hit_keys", "evictions", "evicted_bytes", "demotions",
+              "demoted_bytes", "ssd_evictions", "ssd_evicted_bytes"):  # pragma: no cover
+    raise ImportError("state.RECENT changed: update Introspect.recent_totals(), which "
+                      "lists the same counters in the same order")
+
 
 class Introspect:
     def __init__(self, state: CoreState, membership: Membership, quotas: Quotas) -> None:
@@ -37,9 +42,11 @@ class Introspect:
         self._quotas = quotas
 
     def recent_totals(self) -> list[int]:
-        """The running totals window.RecentCounts keeps a history of, in RECENT's order."""
+        """The running totals window.RecentCounts keeps a history of, in RECENT's order
+        (tick() takes them every call: spelled out rather than looked up by name)."""
         c = self._state.counts
-        return [getattr(c, name) for name in RECENT]
+        return [c.lookup_keys, c.hit_keys, c.evictions, c.evicted_bytes, c.demotions,
+                c.demoted_bytes, c.ssd_evictions, c.ssd_evicted_bytes]
 
     def stats(self) -> CoreStats:
         state = self._state

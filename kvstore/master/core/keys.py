@@ -27,13 +27,16 @@ def norm_key(key: object) -> bytes | None:
 
 def norm_keys(keys: Iterable[object]) -> list[bytes | None]:
     """norm_key() of each key, in order."""
-    return [k if type(k) is bytes and 0 < len(k) <= MAX_KEY_BYTES else norm_key(k)  # type: ignore[misc]
+    return [k if type(k) is bytes and 0 < len(k) <= MAX_KEY_BYTES else norm_key(k)
             for k in keys]
 
 
 def all_valid(keys: Sequence[object]) -> bool:
     """True when every key is already a usable key as it is (bytes of a valid length),
     checked without a Python-level loop; False for an empty batch."""
+    if len(keys) == 1:  # the single get: its checks without building a set
+        k = keys[0]
+        return type(k) is bytes and 0 < len(k) <= MAX_KEY_BYTES
     try:
         return (bool(keys) and set(map(type, keys)) == {bytes}
                 and min(map(len, keys)) > 0  # type: ignore[arg-type]

@@ -239,12 +239,12 @@ class Membership:
         key = t.key_of[s]
         by_id = state.segments.by_id
         journal = state.journal
-        for h in t.handles(s):
-            if h in keep:
-                continue
-            seg = by_id.get(h >> OFFSET_BITS)
-            if journal is not None and seg is not None and key is not None:
-                journal.append(ReplicaChange(seg.node_id, seg.tier, key, h & OFFSET_MASK,
-                                             size, t.checksum[s], False))
-            state.free_replica(h, size)
+        dropped = tuple(h for h in t.handles(s) if h not in keep)
+        if journal is not None and key is not None:
+            for h in dropped:
+                seg = by_id.get(h >> OFFSET_BITS)
+                if seg is not None:
+                    journal.append(ReplicaChange(seg.node_id, seg.tier, key, h & OFFSET_MASK,
+                                                 size, t.checksum[s], False))
+        state.free_replicas(dropped, size)
         state.set_replicas(s, keep, state.footprint(keep, size))

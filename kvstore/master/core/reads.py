@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvstore.errors import MAX_KEY_BYTES, Code
+from kvstore.errors import Code
 
-from .keys import hashable, norm_key, norm_keys
+from .keys import all_valid, hashable, norm_key, norm_keys
 from .pins import Pins
 from .results import (
     GetReplicasResult,
@@ -45,8 +45,10 @@ class Reads:
         self._state.check_batch(len(keys))
         get = self._t.index.get
         pins = self._t.pins
-        # index.get(None) is None: an unusable key is not there.
-        return [s is not None and pins[s] >= 0 for s in map(get, norm_keys(keys))]  # type: ignore[arg-type]
+        # A bytes key needs no length check here: the index holds only usable keys. An
+        # unusable key of another type normalises to None, which is not there either.
+        return [(s := get(k if type(k) is bytes else norm_key(k))) is not None  # type: ignore[arg-type]
+                and pins[s] >= 0 for k in keys]
 
     def lookup(self, keys: Sequence[bytes], lease_ttl: float | None, holder: str,
                owner: str) -> LookupResult:
@@ -170,19 +172,8 @@ class Reads:
         NOT_FOUND would give), the keys found and their slots, in order; nothing is
         changed. None (the per-key path's turn) otherwise: an invalid key, or an object
         on SSD, whose promotion must be queued at its place in the scan."""
-        if len(keys) == 1:  # the single get: its checks without building a set
-            k = keys[0]
-            if type(k) is not bytes or not 0 < len(k) <= MAX_KEY_BYTES:
-                return None
-        else:
-            if not keys:
-                return None
-            try:
-                if (set(map(type, keys)) != {bytes} or min(map(len, keys)) == 0
-                        or max(map(len, keys)) > MAX_KEY_BYTES):
-                    return None
-            except TypeError:
-                return None
+        if not all_valid(keys):
+            return None
         t = self._t
         state = self._state
         get = t.index.get

@@ -12,7 +12,7 @@ Two pieces of it have one writer each:
     name the event that changes them;
   * pin counts change only in pins.py (see there).
 An object leaves only through CoreState.drop, and a replica's range goes back to its
-allocator only through CoreState.free_replica.
+allocator only through CoreState.free_replicas.
 """
 
 from __future__ import annotations
@@ -295,22 +295,24 @@ class CoreState:
                 total += ((off + size + m) & ~m) - (off & ~m)
         return total
 
-    def free_replica(self, h: int, size: int, frees: Frees | None = None) -> None:
-        """Give the range of the replica at handle `h` (an object of `size` bytes) back
-        to its segment, if that is still mounted. With `frees`, the range is added
-        there instead, for the caller to free in bulk (ExtentAllocator.free_many)
+    def free_replicas(self, handles: Iterable[int], size: int, frees: Frees | None = None) -> None:
+        """Give the ranges of the replicas at `handles` (of an object of `size` bytes)
+        back to their segments, where those are still mounted. With `frees`, the ranges
+        are added there instead, for the caller to free in bulk (ExtentAllocator.free_many)
         before anything allocates again."""
-        seg = self.segments.by_id.get(h >> OFFSET_BITS)
-        if seg is None:
-            return
-        if frees is None:
-            seg.alloc.free(h & OFFSET_MASK, alloc_size(seg.tier, size))
-        else:
-            ranges = frees.get(seg)
-            if ranges is None:
-                ranges = frees[seg] = []
-            ranges.append((h & OFFSET_MASK, alloc_size(seg.tier, size)))
-        seg.replicas -= 1
+        by_id = self.segments.by_id
+        for h in handles:
+            seg = by_id.get(h >> OFFSET_BITS)
+            if seg is None:
+                continue
+            if frees is None:
+                seg.alloc.free(h & OFFSET_MASK, alloc_size(seg.tier, size))
+            else:
+                ranges = frees.get(seg)
+                if ranges is None:
+                    ranges = frees[seg] = []
+                ranges.append((h & OFFSET_MASK, alloc_size(seg.tier, size)))
+            seg.replicas -= 1
 
     def set_replicas(self, s: int, handles: tuple[int, ...], space: int,
                      demoting: bool = False) -> None:
@@ -382,7 +384,7 @@ class CoreState:
 
     def drop(self, s: int, frees: Frees | None = None) -> None:
         """Forget an object and free its replicas on the segments still mounted (and a
-        move's reservation). `frees`: see free_replica."""
+        move's reservation). `frees`: see free_replicas."""
         t = self.objects
         size = t.size[s]
         p = t.pins[s]
@@ -390,11 +392,10 @@ class CoreState:
             key = t.key_of[s]
             if key is not None:
                 self.journal_replicas(s, key, False)
-        for h in t.handles(s):
-            self.free_replica(h, size, frees)
+        self.free_replicas(t.handles(s), size, frees)
         move = self.moves.pop(s, None)
         if move is not None:
-            self.free_replica(move.dest, size)
+            self.free_replicas((move.dest,), size)
             if move.kind == MoveKind.DEMOTE:
                 self.ledger.demotion_ended(t.space[s])
         self.ledger.dropped(t.space[s], size, p)

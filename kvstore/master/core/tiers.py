@@ -168,8 +168,7 @@ class Tiers:
         if code == Code.OK and dest is not None:
             if state.journal is not None:
                 state.journal_replicas(s, move.key, False)
-            for h in t.handles(s):
-                state.free_replica(h, size)
+            state.free_replicas(t.handles(s), size)
             state.set_replicas(s, (m.dest,), state.footprint((m.dest,), size))
             if state.journal is not None:
                 state.journal_replicas(s, move.key, True)
@@ -181,7 +180,7 @@ class Tiers:
                 c.promoted_bytes += size
             self._pins.settle(s)
             return
-        state.free_replica(m.dest, size)
+        state.free_replicas((m.dest,), size)
         if demotion:
             c.demotion_failures += 1
         else:
