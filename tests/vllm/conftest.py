@@ -25,7 +25,7 @@ except ImportError as exc:  # pragma: no cover - the message is the point
     raise ImportError("the vLLM connector tests need vLLM: run "
                       "`sh vllm_adapter/install_vllm.sh .venv/bin/python`") from exc
 
-from tests.vllm.helpers import build_tiny_gemma2, build_tiny_model
+from tests.vllm.helpers import build_tiny_gemma2, build_tiny_mla, build_tiny_model
 
 
 @pytest.fixture(scope="session")
@@ -36,6 +36,11 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_gemma2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_gemma2(tmp_path_factory.mktemp("model") / "tiny-gemma2")
+
+
+@pytest.fixture(scope="session")
+def tiny_mla(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_mla(tmp_path_factory.mktemp("model") / "tiny-mla")
 
 
 @pytest.fixture(scope="module")

