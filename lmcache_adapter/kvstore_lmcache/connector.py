@@ -70,6 +70,7 @@ T = TypeVar("T")
 FORMAT_VERSION = 1
 KEY_PREFIX = f"lmc{FORMAT_VERSION}/"
 LIST_LIMIT = 10000  # keys per list(): one ListKeys reply
+LONG_KEY = 768  # store keys longer than this are hashed (the store's limit is 1024 bytes)
 
 
 def namespace_digest(metadata: LMCacheMetadata, shapes: Sequence[torch.Size],
@@ -174,8 +175,13 @@ class KVStoreConnector(RemoteConnector):
     # -- keys -----------------------------------------------------------------------------
 
     def store_key(self, key: CacheEngineKey) -> bytes:
-        """The kvstore key of an LMCache chunk key (this connector's namespace)."""
-        return self._prefix + key.to_string().encode()
+        """The kvstore key of an LMCache chunk key (this connector's namespace). A key
+        string that would pass the store's 1 KiB key limit (long model paths, many
+        request tags) is stored under its hash instead."""
+        text = key.to_string().encode()
+        if len(self._prefix) + len(text) > LONG_KEY:
+            text = b"#" + hashlib.sha256(text).hexdigest().encode()
+        return self._prefix + text
 
     def _foreign(self, key: CacheEngineKey) -> str | None:
         """Why `key` is not a key of this engine's namespace, or None if it is."""

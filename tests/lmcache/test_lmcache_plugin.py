@@ -352,3 +352,34 @@ def test_calls_from_many_threads(store: Cluster, engines: Callable[..., Engine])
         t.join()
     assert not errors and counts == [4] * 80
     _drop(src)
+
+
+def test_long_model_names_are_hashed_into_the_key(store: Cluster,
+                                                 engines: Callable[..., Engine]) -> None:
+    model = "org/" + "m" * 1100  # the key string alone passes the store's 1 KiB key limit
+    a = engines(plugin_extra(store.etcd), model=model)
+    b = engines(plugin_extra(store.etcd), model=model)
+    keys = [chunk_key(1200 + i, model=model) for i in range(2)]
+    assert len(a.connector.store_key(keys[0])) < 1024
+    src = _write(a, keys, seed=120)
+    got = b.backend.batched_get_blocking(keys)
+    assert all(g is not None and _same(s, g) for s, g in zip(src, got, strict=True))
+    _drop(src + got)
+
+
+def test_options_from_strings() -> None:
+    from kvstore_lmcache import options_for_url
+
+    o = options_for_url("kvstore://10.0.0.1:2379?zero_copy=false&replicas=2&lease_ttl=7.5"
+                        "&namespace=t1&transport=grpc&same_host=0")
+    assert (o.etcd, o.zero_copy, o.replicas, o.lease_ttl, o.namespace, o.transport,
+            o.same_host) == ("10.0.0.1:2379", False, 2, 7.5, "t1", "grpc", False)
+    for bad, match in [("kvstore://h:1?zero_copy=maybe", "not a boolean"),
+                       ("kvstore://h:1?lease_ttl=0", "lease_ttl"),
+                       ("kvstore://h:1?timeout=nan", "finite"),
+                       ("kvstore://h:1?transport=udp", "transport"),
+                       ("kvstore://h:1/path", "no path"),
+                       ("kvstore://h:1?timeout=1&timeout=2", "2 times"),
+                       ("kvstore://h:99999", "port")]:
+        with pytest.raises(ConfigError, match=match):
+            options_for_url(bad)
