@@ -2,7 +2,7 @@
 
 The verbs follow etcd's lessor: grant, renew, release (revoke), trim (detach the tail),
 expire (deliver what the expiry heap says is due). A lease only *records* which objects
-it pins, as object tokens in lookup order; the core turns grants and releases into pin
+it pins, as object tokens in lookup order; pins.py turns grants and releases into pin
 counts, so this module knows nothing of objects, eviction or space.
 
 A lease past its deadline is dead to every verb even before `expire` reaps it: a reader
