@@ -42,7 +42,7 @@ RECENT = ("lookup_keys", "hit_keys", "evictions", "evicted_bytes", "demotions", 
 TIER_COUNTERS = ("demotions", "demoted_bytes", "demotion_failures", "promotions",
                  "promoted_bytes", "promotion_failures", "ssd_evictions", "ssd_evicted_bytes")
 
-# A range to free, by segment: filled by a batch, freed at its end (see CoreState.drop).
+# Ranges to free, by segment: filled by a batch, freed at its end (CoreState.free_replicas).
 Frees = dict[Segment, list[tuple[int, int]]]
 
 
