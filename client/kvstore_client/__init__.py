@@ -19,11 +19,14 @@ from kvstore.errors import (
 )
 from kvstore_client.aio import AsyncKVStoreClient
 from kvstore_client.client import KVStoreClient
-from kvstore_client.flows import ClientStats, Lease
+from kvstore_client.options import ClientOptions
+from kvstore_client.state import Lease
+from kvstore_client.stats import ClientStats
 
 __all__ = [
     "AlreadyExists",
     "AsyncKVStoreClient",
+    "ClientOptions",
     "ClientStats",
     "Code",
     "CorruptObject",

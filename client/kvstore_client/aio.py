@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
+import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from kvstore.coord.layout import Layout
 from kvstore.errors import Code, KVStoreError, NotFound
-from kvstore.security.credentials import Credentials
 from kvstore.v1 import master_pb2 as pb
 from kvstore_client import flows
 from kvstore_client.control import (
@@ -25,28 +24,27 @@ from kvstore_client.control import (
     Retry,
     backoff,
     check_reply,
-    check_transport,
     discover_record,
     open_async_control,
     target,
     timed_out,
     unreachable_fast,
 )
-from kvstore_client.flows import (
+from kvstore_client.datapath import Ticket
+from kvstore_client.options import ClientOptions
+from kvstore_client.state import Lease
+from kvstore_client.stats import ClientStats
+from kvstore_client.steps import (
     Answer,
     Ask,
-    ClientState,
-    ClientStats,
     Finish,
     Flow,
     Later,
-    Lease,
     Move,
     Release,
     Rpc,
     Settle,
     Start,
-    Ticket,
     Wait,
 )
 
@@ -55,45 +53,21 @@ T = TypeVar("T")
 
 class AsyncKVStoreClient:
     """`async with AsyncKVStoreClient(etcd=...) as store:` — same methods as KVStoreClient,
-    as coroutines."""
+    as coroutines, and the same settings (keywords or `options=ClientOptions(...)`)."""
 
-    def __init__(
-        self,
-        etcd: str = "127.0.0.1:2379",
-        *,
-        master: str | None = None,
-        cluster: str = "default",
-        timeout: float = 10.0,
-        replicas: int = 0,
-        buffer_size: int = 64 << 20,
-        host: str = "127.0.0.1",
-        protocol: str = "tcp",
-        device: str = "",
-        same_host: bool = True,
-        transport: str | None = None,
-        token: str | None = None,
-        tls_ca: str | None = None,
-        tls_cert: str | None = None,
-        tls_key: str | None = None,
-        tls_server_name: str | None = None,
-        placement_memory: int = flows.DEFAULT_PLACEMENTS,
-        reserve_bytes: int = flows.DEFAULT_RESERVE,
-    ) -> None:
-        self.etcd = etcd
-        self._creds = Credentials.resolve(
-            cluster=f"{master or etcd}/{cluster}", token=token, tls_ca=tls_ca, tls_cert=tls_cert,
-            tls_key=tls_key, tls_server_name=tls_server_name)
-        self.timeout = timeout
-        self.transport = check_transport(transport or os.environ.get("KVSTORE_TRANSPORT", "fast"))
-        self._layout = Layout(cluster)
-        self._fixed_master = master
+    def __init__(self, etcd: str | None = None, *, options: ClientOptions | None = None,
+                 **settings: Any) -> None:
+        self.options = opts = ClientOptions.of(options, etcd, settings)
+        self.etcd = opts.etcd
+        self._creds = opts.credentials()
+        self.timeout = opts.timeout
+        self.transport = opts.transport_name()
+        self._layout = Layout(opts.cluster)
+        self._fixed_master = opts.master
         self._control: AsyncControl | None = None
         self._fast_given_up = ""  # a fast address that would not take connections
         self.master_address = ""  # where control calls go (the fast or the gRPC address)
-        self._state = ClientState.build(None if master else etcd, self._layout, buffer_size,
-                                        host, protocol, device, same_host, replicas,
-                                        timeout=timeout, placement_memory=placement_memory,
-                                        reserve_bytes=reserve_bytes)
+        self._state = opts.state(self._layout)
         self._staging_turn = asyncio.Lock()
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -227,10 +201,12 @@ class AsyncKVStoreClient:
                                                             step.write, step.dead, step.at_once)
                         started.append(value)
                     elif isinstance(step, Finish):
-                        value = await asyncio.to_thread(state.finish_transfers, step.ticket)
+                        # The worker thread sleeps between polls, not the loop.
+                        value = await asyncio.to_thread(state.finish_transfers, step.ticket,
+                                                        time.sleep)
                     elif isinstance(step, Move):
                         value = await asyncio.to_thread(state.run_transfers, step.plan,
-                                                        step.write)
+                                                        step.write, time.sleep)
                     elif isinstance(step, Release):
                         self._release_later(step.lease_id)
                     elif isinstance(step, Wait):
@@ -242,7 +218,8 @@ class AsyncKVStoreClient:
             # moving bytes: wait for it in a worker thread.
             left = [t for t in started if not t.done]
             if left:
-                await asyncio.to_thread(lambda: [state.finish_transfers(t) for t in left])
+                await asyncio.to_thread(lambda: [state.finish_transfers(t, time.sleep)
+                                                 for t in left])
             for call in asked:  # a flow that ended before reading its answer
                 if not call.done():
                     call.cancel()
@@ -291,7 +268,7 @@ class AsyncKVStoreClient:
         return lease
 
     async def renew(self, lease: Lease, ttl: float | None = None) -> None:
-        await self._run(flows.renew(lease, ttl))
+        await self._run(flows.renew(self._state, lease, ttl))
 
     async def release(self, lease: Lease, keep_first: int | None = None) -> None:
         await self._run(flows.release(lease, keep_first))

@@ -1,9 +1,14 @@
-"""The synchronous client: runs the flows of `flows.py` with blocking calls."""
+"""The synchronous client: runs the flows of `flows.py` with blocking calls.
+
+The driver does the I/O the flows leave out: control calls (with retries across a
+failover), the transfers behind Start/Finish/Move (datapath.py), releases, and the
+sleeping (a flow's Wait steps, and between polls of a transfer batch). A single get of
+a known object takes the quick path (quick.py) before any flow.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -11,15 +16,14 @@ from typing import Any, TypeVar
 
 from kvstore.coord.layout import Layout
 from kvstore.errors import Code, KVStoreError, NotFound
-from kvstore.security.credentials import Credentials
 from kvstore.v1 import master_pb2 as pb
 from kvstore_client import flows, quick
+from kvstore_client.buffers import Dest
 from kvstore_client.control import (
     Control,
     Retry,
     backoff,
     check_reply,
-    check_transport,
     discover_record,
     open_control,
     reply_spin,
@@ -27,22 +31,21 @@ from kvstore_client.control import (
     timed_out,
     unreachable_fast,
 )
-from kvstore_client.flows import (
+from kvstore_client.datapath import Ticket
+from kvstore_client.options import ClientOptions
+from kvstore_client.state import Lease
+from kvstore_client.stats import ClientStats
+from kvstore_client.steps import (
     Answer,
     Ask,
-    ClientState,
-    ClientStats,
-    Dest,
     Finish,
     Flow,
     Later,
-    Lease,
     Move,
     Release,
     Rpc,
     Settle,
     Start,
-    Ticket,
     Wait,
 )
 
@@ -66,6 +69,8 @@ class KVStoreClient:
     (`same_host=False` turns this off); elsewhere bytes go over the Transfer Engine.
     Control calls take the master's fast channel when its etcd record announces one
     (`transport="grpc"` forces gRPC; a fixed `master=` address is always gRPC).
+    Every setting is a keyword argument, or comes in `options=ClientOptions(...)`
+    (options.py says what each one does).
     """
 
     # For profilers (bench.vs_mooncake --phases): set on a client, it is called with a
@@ -73,46 +78,26 @@ class KVStoreClient:
     # single get) and with None as it ends. None: nothing is timed.
     phase_timer: Callable[[str | None], None] | None = None
 
-    def __init__(
-        self,
-        etcd: str = "127.0.0.1:2379",
-        *,
-        master: str | None = None,
-        cluster: str = "default",
-        timeout: float = 10.0,
-        replicas: int = 0,
-        buffer_size: int = 64 << 20,
-        host: str = "127.0.0.1",
-        protocol: str = "tcp",
-        device: str = "",
-        same_host: bool = True,
-        transport: str | None = None,
-        token: str | None = None,
-        tls_ca: str | None = None,
-        tls_cert: str | None = None,
-        tls_key: str | None = None,
-        tls_server_name: str | None = None,
-        placement_memory: int = flows.DEFAULT_PLACEMENTS,
-        reserve_bytes: int = flows.DEFAULT_RESERVE,
-    ) -> None:
-        self.etcd = etcd
-        self._creds = Credentials.resolve(
-            cluster=f"{master or etcd}/{cluster}", token=token, tls_ca=tls_ca, tls_cert=tls_cert,
-            tls_key=tls_key, tls_server_name=tls_server_name)
-        self.timeout = timeout
-        self.transport = check_transport(transport or os.environ.get("KVSTORE_TRANSPORT", "fast"))
+    # How this driver sleeps: for a flow's Wait steps and between polls of a transfer
+    # batch. A test that puts a ManualClock on the state sets the clock's `advance` here.
+    _sleep = staticmethod(time.sleep)
+
+    def __init__(self, etcd: str | None = None, *, options: ClientOptions | None = None,
+                 **settings: Any) -> None:
+        self.options = opts = ClientOptions.of(options, etcd, settings)
+        self.etcd = opts.etcd
+        self._creds = opts.credentials()
+        self.timeout = opts.timeout
+        self.transport = opts.transport_name()
         reply_spin()  # a bad KVSTORE_REPLY_SPIN_US fails here, not at the first call
-        self._layout = Layout(cluster)
-        self._fixed_master = master
+        self._layout = Layout(opts.cluster)
+        self._fixed_master = opts.master
         self._control: Control | None = None
         self._fast_given_up = ""  # a fast address that would not take connections
         self.master_address = ""  # where control calls go (the fast or the gRPC address)
         self._later: tuple[_Asked, Any] | None = None  # a Later step's call, not yet read
         self._connect()
-        self._state = ClientState.build(None if master else etcd, self._layout, buffer_size,
-                                        host, protocol, device, same_host, replicas,
-                                        timeout=timeout, placement_memory=placement_memory,
-                                        reserve_bytes=reserve_bytes)
+        self._state = opts.state(self._layout)
 
     @property
     def stats(self) -> ClientStats:
@@ -301,13 +286,13 @@ class KVStoreClient:
                                                             step.at_once)
                         started.append(value)
                     elif isinstance(step, Finish):
-                        value = self._state.finish_transfers(step.ticket)
+                        value = self._state.finish_transfers(step.ticket, self._sleep)
                     elif isinstance(step, Move):
-                        value = self._state.run_transfers(step.plan, step.write)
+                        value = self._state.run_transfers(step.plan, step.write, self._sleep)
                     elif isinstance(step, Release):
                         self._release_async(step.lease_id)
                     elif isinstance(step, Wait):
-                        time.sleep(step.seconds)
+                        self._sleep(step.seconds)
                 except KVStoreError as exc:
                     error = exc
                 finally:
@@ -316,7 +301,7 @@ class KVStoreClient:
         finally:
             # Whatever ended the flow, nothing it started may still be moving bytes.
             for ticket in started:
-                self._state.finish_transfers(ticket)
+                self._state.finish_transfers(ticket, self._sleep)
 
     # -- the API --------------------------------------------------------------------------
 
@@ -371,7 +356,7 @@ class KVStoreClient:
         return lease
 
     def renew(self, lease: Lease, ttl: float | None = None) -> None:
-        self._run(flows.renew(lease, ttl))
+        self._run(flows.renew(self._state, lease, ttl))
 
     def release(self, lease: Lease, keep_first: int | None = None) -> None:
         """Unpin the lease's keys; with `keep_first=n`, keep the first n pinned."""
@@ -419,8 +404,7 @@ def _phase(step: object) -> str:
 def _moving(started: list[Ticket]) -> bool:
     """Whether engine transfers of these tickets may still be moving. A control reply is
     then waited for asleep, not polled for, as the early reads' design has it (see
-    flows._read_while_asking): on a small host the polling takes the CPU that the
-    engine's threads (here and on the store node) need to move the bytes. 64 KiB x32
-    batch gets over the engine, 4 sets of 12 alternating rounds, median GB/s asleep
-    against polling: +18%, +5%, +8%, 0%; 1 MiB x32: +4%, -2% (noise here is ~10%)."""
+    early._read_while_asking): on a small host the polling takes the CPU that the
+    engine's threads (here and on the store node) need to move the bytes (figures:
+    docs/client-internals.md)."""
     return any(t.pending and not t.done for t in started)

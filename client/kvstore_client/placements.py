@@ -19,8 +19,9 @@ bounded (oldest learned first out) and costs nothing on the master.
 
 from __future__ import annotations
 
-import time
 from typing import NamedTuple
+
+from kvstore_client.clock import MONOTONIC, Clock
 
 MAX_AGE = 60.0
 DEFAULT_CAPACITY = 65536
@@ -34,7 +35,7 @@ class Seen(NamedTuple):  # a tuple: built for every object a client writes or re
     segment: str  # the first replica's: where an early read goes
     node_id: str
     addr: int
-    at: float  # time.monotonic() when learned
+    at: float  # when learned, on the client's clock
 
     def matches(self, epoch: int, item: object) -> bool:
         """Whether a ReadItem in a reply of `epoch` names this very placement."""
@@ -45,13 +46,15 @@ class Seen(NamedTuple):  # a tuple: built for every object a client writes or re
 class Placements:
     """key -> the placement this client last saw it at (bounded, oldest learned out)."""
 
-    __slots__ = ("_seen", "capacity", "max_age")
+    __slots__ = ("_seen", "capacity", "clock", "max_age")
 
-    def __init__(self, capacity: int = DEFAULT_CAPACITY, max_age: float = MAX_AGE) -> None:
+    def __init__(self, capacity: int = DEFAULT_CAPACITY, max_age: float = MAX_AGE,
+                 clock: Clock = MONOTONIC) -> None:
         if capacity < 0:
             raise ValueError(f"placement memory must hold >= 0 objects, got {capacity}")
         self.capacity = capacity
         self.max_age = max_age
+        self.clock = clock
         self._seen: dict[bytes, Seen] = {}
 
     def __len__(self) -> int:
@@ -65,7 +68,7 @@ class Placements:
         if seen.pop(key, None) is None and len(seen) >= self.capacity:
             del seen[next(iter(seen))]  # the oldest learned
         seen[key] = Seen(epoch, placement, size, checksum, segment, node_id, addr,
-                         time.monotonic() if now is None else now)
+                         self.clock.now() if now is None else now)
 
     def learn_item(self, key: bytes, epoch: int, item: object) -> None:
         """From a ReadItem that answered OK (its first location is readable: in DRAM)."""
@@ -89,7 +92,7 @@ class Placements:
         if not self.capacity:
             return None
         seen = self._seen
-        oldest = time.monotonic() - self.max_age
+        oldest = self.clock.now() - self.max_age
         out: list[Seen] = []
         for k in keys:
             s = seen.get(k)

@@ -1,59 +1,59 @@
-"""The common single read, in straight-line code.
+"""The common single read, in straight-line code: why it stands apart from the flows.
 
 A single get of an object this client wrote or read lately, on a store node that
-answered lately, is an early read (see placements.py): the bytes move while GetReplicas
-is asked. Run through the flow machinery (flows.py: steps, tickets, plans, a generator
-per level) the same read costs the caller ~60 µs more of Python, most of it on the
-critical path: on 2 vCPUs, single 64 KiB gets over the engine took 202-337 µs p50 that
-way and 147-283 µs this way (2 clusters, 12 rounds of 400 each way, alternating; lower
-in every pair of rounds).
+answered lately, is an early read (early.py, placements.py): the bytes move while
+GetReplicas is asked. Run through the flow machinery (steps, tickets, plans, a generator
+per level, the driver's dispatch on each step) the same read costs the caller tens of
+µs more of Python, most of it on the critical path; the figures are in
+docs/client-internals.md. So this one operation is written as its own small driver,
+with the I/O in line: it speaks to the control channel and the engine directly, where
+a flow would yield steps. It shares the flows' vocabulary otherwise: the state, its
+clock and placements, the data path's view of which nodes answer
+(`DataPath.answering`, `saw_answer`/`saw_failure`), and early.py's `confirmed`.
 
-So `read_one` does just that read: start the transfer (or copy, same-host), ask, wait,
+`read_one` does just that read: start the transfer (or copy, same-host), ask, wait,
 confirm the placement, verify the checksum. Anything out of the ordinary ends it with
 SLOW, after the transfer it started is over, and the caller then runs the full flow,
 which owns every other case: a placement unknown or too old, a node that did not answer
 lately, a failed transfer or call, a reply from another leader or with an error, an
 object moved, evicted or coming back from SSD, a bad checksum. So do objects over
 SYNC_MAX: their transfer is too long to wait for spinning, which on a small host takes
-the CPU the engine's threads need (1 MiB gets over the engine: 968-1507 µs p50 spinning,
-540-751 µs through the flow, which polls in pieces and sleeps in between). A miss (the
-master holds no such key) is final here as there. Only the sync client takes this path;
-the async one always runs the flow (its event loop, not the flow, is what a call costs
-there).
+the CPU the engine's threads need (the flow polls in pieces and sleeps in between). A
+miss (the master holds no such key) is final here as there. Only the sync client takes
+this path; the async one always runs the flow (its event loop, not the flow, is what a
+call costs there).
 
 No lease. The question is GetReplicas with `unpinned`: the master pins nothing and
 grants nothing, so there is no lease to give back (a release frame less per get for the
-client to send and the master to run, and no lease to grant: 11 instead of 20 µs of
-master CPU per get run hot in process). The read needs no pin: it started before the
-question, the answer confirms that the object sat unchanged at the placement read from
-until the master answered, and the bytes are kept only if they match its checksum. So
-what was read is the object's value at the answer, whatever happened to the range
-afterwards; an object evicted, removed or rewritten while its bytes were still moving
-fails the checksum (XXH3-64: a torn read passes it by chance once in 2^64) and goes to
-the flow, which reads under a lease. A master too old to know `unpinned` grants a lease
-anyway: it is released as before.
+client to send and the master to run, and no lease to grant). The read needs no pin: it
+started before the question, the answer confirms that the object sat unchanged at the
+placement read from until the master answered, and the bytes are kept only if they
+match its checksum. So what was read is the object's value at the answer, whatever
+happened to the range afterwards; an object evicted, removed or rewritten while its
+bytes were still moving fails the checksum (XXH3-64: a torn read passes it by chance
+once in 2^64) and goes to the flow, which reads under a lease. A master too old to know
+`unpinned` grants a lease anyway: it is released as before.
 
 Waiting. On a VM a thread asleep in recv costs a wake-up of tens of µs when the reply
 comes, and its vCPU, idle meanwhile, may have been halted. The transfer is awaited
 spinning anyway, so the spin watches both: the engine's status and whether the reply
 has arrived (`ready`, a zero-timeout poll). The reply is read as soon as it is there,
 without a sleep; only a master slower than SPIN_AFTER past the landed transfer is
-waited for asleep. In the benchmark (64 KiB single gets over the engine, 3-4 runs per
-set, alternating sets) this put the median ratio to Mooncake's at 0.93-0.97x against
-0.86-0.99x blocking.
+waited for asleep.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any, Final
 
 from kvstore.checksum import checksum
 from kvstore.errors import Code, KVStoreError, check_key
 from kvstore.v1 import master_pb2 as pb
-from kvstore_client import flows
+from kvstore_client import datapath
+from kvstore_client.buffers import Dest
 from kvstore_client.control import Retry
-from kvstore_client.flows import ClientState, Dest, confirmed
+from kvstore_client.early import confirmed
+from kvstore_client.state import ClientState
 
 
 class Slow:
@@ -83,7 +83,7 @@ def read_one(st: ClientState, control: Any, key: bytes, dest: Dest | None,
     if seen is None:
         return SLOW
     size = seen.size
-    if size > flows.SYNC_MAX:
+    if size > datapath.SYNC_MAX:
         return SLOW  # a long transfer: the flow polls it in pieces, sleeping in between
     target = (seen.segment, seen.node_id)
     if not st.answering((target,)):
@@ -101,7 +101,7 @@ def read_one(st: ClientState, control: Any, key: bytes, dest: Dest | None,
     elif size > dest.view.nbytes:
         return SLOW
     view = dest.view[:size]
-    sent = time.monotonic()
+    sent = st.now()
     tid = 0
     if local is None:
         try:
@@ -137,7 +137,7 @@ def read_one(st: ClientState, control: Any, key: bytes, dest: Dest | None,
             st.stats.gets += 1
             return None
         if (item.code != Code.OK or not item.locations or not landed
-                or (lease_id and time.monotonic() > sent + reply.ttl_remaining)
+                or (lease_id and st.now() > sent + reply.ttl_remaining)
                 or not confirmed(seen, reply.epoch, item) or checksum(view) != seen.checksum):
             return SLOW
         stats = st.stats
@@ -146,7 +146,7 @@ def read_one(st: ClientState, control: Any, key: bytes, dest: Dest | None,
         stats.bytes_read += size
         stats.early_reads += 1
         placements = st.placements
-        if seen.at < time.monotonic() - placements.max_age / 2:
+        if seen.at < st.now() - placements.max_age / 2:
             placements.learn_item(key, reply.epoch, item)  # as the flow would: refresh it
         return view
     finally:
@@ -160,7 +160,7 @@ def _await(st: ClientState, control: Any, asked: Any, tid: int, target: tuple[st
     the reply is there, or the transfer is over and SPIN_AFTER has passed since. Whether
     the transfer landed; None while it is still moving (then `_landed` waits for it)."""
     ready = control.ready
-    monotonic = time.monotonic
+    monotonic = st.now
     deadline = _deadline(st, size)
     landed: bool | None = None
     give_up = 0.0
@@ -189,7 +189,7 @@ def _landed(st: ClientState, tid: int, target: tuple[str, str], size: int) -> bo
         landed = _polled(st, tid, target)
         if landed is not None:
             return landed
-        if time.monotonic() > deadline:
+        if st.now() > deadline:
             st.saw_failure(target)
             return False
 
@@ -209,4 +209,4 @@ def _polled(st: ClientState, tid: int, target: tuple[str, str]) -> bool | None:
 
 def _deadline(st: ClientState, size: int) -> float:
     """When a wait for one transfer of `size` bytes started now gives up."""
-    return time.monotonic() + st.transfer.batch_timeout + size * 1e-9
+    return st.now() + st.transfer.batch_timeout + size * 1e-9

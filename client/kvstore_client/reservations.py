@@ -36,13 +36,13 @@ KV blocks) always finds them.
 from __future__ import annotations
 
 import math
-import time
 from collections import Counter, deque
 from dataclasses import dataclass
 from itertools import count
 from typing import Any
 
 from kvstore.errors import Code
+from kvstore_client.clock import MONOTONIC, Clock
 
 DEFAULT_BUDGET = 32 << 20  # bytes of placeholders a client holds at most
 # Batches' worth of placeholders kept per shape: a put takes what was granted before the
@@ -56,8 +56,8 @@ Shape = tuple[int, int]  # (size, replicas)
 
 @dataclass(slots=True)
 class Reserved:
-    """One placeholder: its key, size, where its replicas sit, and until when (this
-    host's time.monotonic()) it may be written."""
+    """One placeholder: its key, size, where its replicas sit, and until when (on the
+    client's clock) it may be written."""
 
     key: bytes
     size: int
@@ -69,14 +69,15 @@ class Reserved:
 
 class Reservations:
     __slots__ = ("_asked", "_cool", "_epoch", "_last", "_names", "_pool", "_prefix", "budget",
-                 "held", "max_age", "stale")
+                 "clock", "held", "max_age", "stale")
 
     def __init__(self, writer: str, budget: int = DEFAULT_BUDGET,
-                 max_age: float = MAX_AGE) -> None:
+                 max_age: float = MAX_AGE, clock: Clock = MONOTONIC) -> None:
         if budget < 0:
             raise ValueError(f"reservation budget must be >= 0 bytes, got {budget}")
         self.budget = budget
         self.max_age = max_age
+        self.clock = clock
         self.held = 0  # bytes in the pool and asked for
         self._pool: dict[Shape, deque[Reserved]] = {}
         self._asked: Counter[Shape] = Counter()  # placeholders asked for, not answered yet
@@ -98,7 +99,7 @@ class Reservations:
             return None
         if epoch > self._epoch:
             self._forget_older(epoch)
-        now = time.monotonic()
+        now = self.clock.now()
         need = Counter(sizes)
         for size, n in need.items():
             q = self._pool.get((size, replicas))
@@ -116,7 +117,7 @@ class Reservations:
 
     def give_back(self, r: Reserved, replicas: int) -> None:
         """A placeholder still PENDING and this client's (its key was already stored)."""
-        if r.usable_until <= time.monotonic():
+        if r.usable_until <= self.clock.now():
             self.stale.append(r.key)
             return
         self._pool.setdefault((r.size, replicas), deque()).append(r)
@@ -146,7 +147,7 @@ class Reservations:
             if last[0] != replicas or size not in last[1]:
                 continue  # not in the previous put: sizes that do not repeat get none
             shape = (size, replicas)
-            if self._cool and self._cool.get(shape, 0.0) > time.monotonic():
+            if self._cool and self._cool.get(shape, 0.0) > self.clock.now():
                 continue  # refused lately (see granted)
             missing = DEPTH * n - len(self._pool.get(shape, ())) - self._asked[shape]
             if missing <= 0:
@@ -192,11 +193,11 @@ class Reservations:
                     self.stale.append(key)  # fewer replicas than asked: not used, freed
                 # Refused (no free space, too few nodes): not asked again for a while, or
                 # every put of a full store would cost the master a refused PutStart.
-                self._cool[(size, replicas)] = time.monotonic() + self.max_age
+                self._cool[(size, replicas)] = self.clock.now() + self.max_age
 
     def expired(self) -> list[bytes]:
         """Move every placeholder past its age to `stale` and return (and clear) it."""
-        now = time.monotonic()
+        now = self.clock.now()
         for q in self._pool.values():
             self._age_out(q, now)
         out, self.stale = self.stale, []

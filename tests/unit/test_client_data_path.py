@@ -1,6 +1,6 @@
 """The client's data path against an in-memory master and store node.
 
-The flows (flows.py) and both drivers run for real; only the master (its replies), the
+The flows (flows.py, puts.py, gets.py) and both drivers run for real; only the master (its replies), the
 Transfer Engine and the node's memory are fakes, so the pipelining, the per-piece
 verification and the "nothing still moves when the call returns" rule are tested
 deterministically, without processes or sockets.
@@ -23,10 +23,11 @@ from kvstore.checksum import checksum
 from kvstore.errors import Code, CorruptObject, LeaseExpired, NotFound, Unavailable
 from kvstore.v1 import common_pb2 as cpb
 from kvstore.v1 import master_pb2 as pb
-from kvstore_client import AsyncKVStoreClient, KVStoreClient, flows
-from kvstore_client.flows import ClientState, Xfer
+from kvstore_client import AsyncKVStoreClient, KVStoreClient, datapath, placements
+from kvstore_client.datapath import Xfer
 from kvstore_client.local import LocalSegment
 from kvstore_client.staging import Staging
+from kvstore_client.state import ClientState
 
 KiB = 1 << 10
 SEGMENT, NODE = "127.0.0.1:1", "node-a"
@@ -286,11 +287,11 @@ class Rig:
 
 def small_thresholds(monkeypatch: pytest.MonkeyPatch, sync_max: int = 2 * KiB) -> None:
     """Thresholds small enough that a few KiB exercise pieces, polling and pipelining."""
-    monkeypatch.setattr(flows, "SYNC_MAX", sync_max)
-    monkeypatch.setattr(flows, "PIECE", 4 * KiB)
-    monkeypatch.setattr(flows, "PIPELINE_MIN", 16 * KiB)
-    monkeypatch.setattr(flows, "POLL_MIN", 1e-5)
-    monkeypatch.setattr(flows, "POLL_MAX", 1e-4)
+    monkeypatch.setattr(datapath, "SYNC_MAX", sync_max)
+    monkeypatch.setattr(datapath, "PIECE", 4 * KiB)
+    monkeypatch.setattr(datapath, "PIPELINE_MIN", 16 * KiB)
+    monkeypatch.setattr(datapath, "POLL_MIN", 1e-5)
+    monkeypatch.setattr(datapath, "POLL_MAX", 1e-4)
 
 
 @pytest.fixture
@@ -388,25 +389,25 @@ def test_pieces_merge_adjacent_transfers_and_cut_large_ones() -> None:
     b = Xfer(1100, 5100, 100)   # adjacent to a on both sides
     c = Xfer(1200, 9000, 100)   # adjacent here, not on the node
     d = Xfer(2000, 9100, 250)   # larger than a piece
-    got = flows.pieces([a, b, c, d], piece=200)
+    got = datapath.pieces([a, b, c, d], piece=200)
     assert [(lo, r, n, len(xs)) for lo, r, n, xs in got] == [
         (1000, 5000, 200, 2), (1200, 9000, 100, 1),
         (2000, 9100, 200, 1), (2200, 9300, 50, 1)]
     assert (a.left, b.left, c.left, d.left) == (1, 1, 1, 2)
     # a run never grows past one piece
-    runs = flows.pieces([Xfer(i * 10, i * 10, 10) for i in range(7)], piece=30)
+    runs = datapath.pieces([Xfer(i * 10, i * 10, 10) for i in range(7)], piece=30)
     assert [n for _, _, n, _ in runs] == [30, 30, 10]
 
 
 def test_groups_split_in_order_by_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(flows, "PIPELINE_MIN", 100)
-    monkeypatch.setattr(flows, "PIPELINE_GROUPS", 4)
-    assert flows.groups([50] * 3) == [(0, 3)]            # under 2 x PIPELINE_MIN: one group
-    assert flows.groups([100] * 8) == [(0, 2), (2, 4), (4, 6), (6, 8)]
-    assert flows.groups([100] * 3) == [(0, 1), (1, 2), (2, 3)]
-    assert flows.groups([1000, 1, 1, 1]) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    monkeypatch.setattr(datapath, "PIPELINE_MIN", 100)
+    monkeypatch.setattr(datapath, "PIPELINE_GROUPS", 4)
+    assert datapath.groups([50] * 3) == [(0, 3)]            # under 2 x PIPELINE_MIN: one group
+    assert datapath.groups([100] * 8) == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert datapath.groups([100] * 3) == [(0, 1), (1, 2), (2, 3)]
+    assert datapath.groups([1000, 1, 1, 1]) == [(0, 1), (1, 2), (2, 3), (3, 4)]
     for sizes in ([7, 300, 5, 90, 400, 2, 2], [100] * 33, [250, 250]):
-        got = flows.groups(sizes)
+        got = datapath.groups(sizes)
         assert got[0][0] == 0 and got[-1][1] == len(sizes)
         assert all(lo < hi for lo, hi in got)
         assert all(a[1] == b[0] for a, b in itertools.pairwise(got))
@@ -576,7 +577,7 @@ def test_get_into_of_missing_keys_without_a_lease_is_not_found(rig: Rig) -> None
 
 
 def test_small_batches_take_one_blocking_engine_call(rig: Rig) -> None:
-    rig.state.placements = flows.Placements(0)  # no early reads (they are polled)
+    rig.state.placements = placements.Placements(0)  # no early reads (they are polled)
     keys = [b"s0", b"s1"]
     src, dst = _buffers(rig, _values(2, 512, seed=9), 512)
     assert rig.client.put_from(keys, _slices(src, 2, 512)) == [None, None]
@@ -753,7 +754,7 @@ def test_unknown_or_partly_known_batches_ask_first(rig: Rig) -> None:
 
 
 def test_remembering_nothing_turns_early_reads_off(rig: Rig) -> None:
-    rig.state.placements = flows.Placements(0)
+    rig.state.placements = placements.Placements(0)
     keys, values, _, _ = _put_small(rig)
     assert rig.client.get_many(keys) == values
     assert "ask" not in [e[0] for e in rig.trace] and rig.client.stats.early_reads == 0
@@ -797,10 +798,10 @@ def test_nodes_silent_for_a_while_are_asked_about_first(rig: Rig,
     # A node the master may already have dropped (frozen, cut off) must not be read
     # early: the read would wait out the transfer timeout for a certain miss.
     keys, values, _, _ = _put_small(rig)
-    monkeypatch.setattr(flows, "EARLY_FRESH", 0.0)
+    monkeypatch.setattr(datapath, "EARLY_FRESH", 0.0)
     assert rig.client.get_many(keys) == values
     assert "ask" not in [e[0] for e in rig.trace] and rig.client.stats.early_reads == 0
-    monkeypatch.setattr(flows, "EARLY_FRESH", 60.0)  # it just moved bytes: early again
+    monkeypatch.setattr(datapath, "EARLY_FRESH", 60.0)  # it just moved bytes: early again
     assert rig.client.get_many(keys) == values
     assert rig.client.stats.early_reads == 3
 

@@ -17,7 +17,7 @@ import pytest
 
 from kvstore.errors import Code
 from kvstore.v1 import master_pb2 as pb
-from kvstore_client import AsyncKVStoreClient, flows, reservations
+from kvstore_client import AsyncKVStoreClient, clock, datapath, reservations
 from kvstore_client.reservations import DEPTH, Reservations
 from tests.unit.test_client_data_path import DriverRig, KiB, Rig, _buffers, _slices, small_thresholds
 
@@ -206,7 +206,7 @@ def test_the_age_follows_the_masters_put_timeout(rig: ReservingRig) -> None:
 
 def test_a_batch_over_the_budget_goes_the_plain_way_and_reserves_nothing(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(flows, "PIPELINE_MIN", 1 << 30)
+    monkeypatch.setattr(datapath, "PIPELINE_MIN", 1 << 30)
     rig = ReservingRig(budget=8 * KiB)
     rig.client.put_many(*_batch("a", n=4))
     rig.client.put_many(*_batch("b", n=4))
@@ -349,7 +349,7 @@ def test_a_shape_the_master_refused_is_not_asked_for_again_for_a_while(
     assert _ask(rs, [SIZE, SIZE], 1) is None  # every put of a full store would ask again
     assert _ask(rs, [2 * SIZE], 1) is not None  # another shape is asked for
     later = time.monotonic() + 6.0
-    monkeypatch.setattr(reservations.time, "monotonic", lambda: later)
+    monkeypatch.setattr(clock.time, "monotonic", lambda: later)
     assert _ask(rs, [SIZE, SIZE], 1) is not None
 
 

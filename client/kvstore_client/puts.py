@@ -1,0 +1,306 @@
+"""The put flows: `put_many` (bytes, through the staging buffer) and `put_from`
+(straight from registered memory).
+
+A put is two-phase: PutStart (the master allocates space), the transfers, PutEnd (the
+objects become visible) or PutRevoke for what did not land; a large batch in pipelined
+groups (datapath.groups), the next group's PutStart and the previous one's PutEnd
+running while a group's bytes move. When the client holds space started ahead for every
+object of a batch (reservations.py), the bytes go there and one PutCommit makes them
+visible; the PutStart that refills that space is a `Later` step, answered while the
+caller does something else. Where each committed object sits is remembered for early
+reads (placements.py).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvstore.checksum import checksum
+from kvstore.errors import Code, InvalidArgument, KVStoreError, error_for
+from kvstore.v1 import master_pb2 as pb
+from kvstore_client.buffers import Dest, byte_view, checked_keys
+from kvstore_client.datapath import Plan, Target, Ticket, Xfer
+from kvstore_client.reservations import Reservations, Reserved
+from kvstore_client.state import ClientState
+from kvstore_client.steps import Finish, Flow, Later, Rpc, Settle, Start, Wait
+
+# How long a put keeps asking while the master makes room (BUSY) before giving up.
+BUSY_BUDGET = 5.0
+
+
+def put_many(st: ClientState, keys: Sequence[bytes],
+             values: Sequence[Any]) -> Flow[list[KVStoreError | None]]:
+    """Per key: None once stored (or already stored: same key, same bytes), else the error."""
+    checked = checked_keys(keys)
+    if len(checked) != len(values):
+        raise InvalidArgument(f"put_many got {len(checked)} keys but {len(values)} values")
+    views = [byte_view(v) for v in values]
+    for key, view in zip(checked, views, strict=True):
+        if view.nbytes == 0:
+            raise InvalidArgument("empty value: store at least one byte", key=key)
+    results: list[KVStoreError | None] = [None] * len(checked)
+    # Batches larger than the staging buffer go in slices that fit; each group's values
+    # are copied in just before its PutStart (while the group before it moves).
+    for lo, hi in st.staging.slices([v.nbytes for v in views]):
+        offsets = st.staging.layout([v.nbytes for v in views[lo:hi]])
+        srcs = [Dest(st.staging.addr + off, st.staging.view[off:off + view.nbytes])
+                for off, view in zip(offsets, views[lo:hi], strict=True)]
+
+        def fill(a: int, b: int, srcs: list[Dest] = srcs, base: int = lo) -> None:
+            for dest, view in zip(srcs[a:b], views[base + a:base + b], strict=True):
+                dest.view[:] = view
+
+        part = yield from _put(st, checked[lo:hi], srcs, fill)
+        results[lo:hi] = part
+    return results
+
+
+def put_from(st: ClientState, keys: Sequence[bytes],
+             buffers: Sequence[Any]) -> Flow[list[KVStoreError | None]]:
+    checked = checked_keys(keys)
+    if len(checked) != len(buffers):
+        raise InvalidArgument(f"put_from got {len(checked)} keys but {len(buffers)} buffers")
+    srcs = [st.dest(b) for b in buffers]
+    return (yield from _put(st, checked, srcs))
+
+
+def _put(st: ClientState, keys: list[bytes], srcs: list[Dest],
+         fill: Callable[[int, int], None] | None = None) -> Flow[list[KVStoreError | None]]:
+    """Into space started ahead (one control call, see reservations.py) when the client
+    holds it for every object, else the plain way; then ask for space for the next
+    batch of this shape. A batch large enough to be pipelined goes the plain way: its
+    control calls already overlap its transfers, and moving it all at once is slower
+    over the engine than in pipelined groups (figures: docs/client-internals.md)."""
+    rs = st.reservations
+    sizes = [d.view.nbytes for d in srcs]
+    if rs is None or len(st.pipelined(sizes)) > 1:
+        return (yield from _put_plain(st, keys, srcs, fill))
+    taken = rs.take(sizes, st.replicas, st.epoch)
+    if taken is None and rs.asking():
+        yield Settle()  # the space asked for after the last put: wait for it this once
+        taken = rs.take(sizes, st.replicas, st.epoch)
+    if taken is not None:
+        if st.answering({target for r in taken for target, _ in r.locations}):
+            results = yield from _put_reserved(st, keys, srcs, fill, taken)
+        else:
+            for r in taken:
+                rs.give_back(r, st.replicas)
+            taken = None
+    if taken is None:
+        results = yield from _put_plain(st, keys, srcs, fill)
+    yield from _reserve(st, rs, sizes)
+    return results
+
+
+def _reserve(st: ClientState, rs: Reservations, sizes: list[int]) -> Flow[None]:
+    """Revoke placeholders past their age; ask (without waiting) for what the pool lacks
+    to cover a batch of these sizes again."""
+    stale = rs.expired()
+    if stale:
+        yield Later("PutRevoke", pb.KeysRequest(keys=stale, writer=st.writer_id), _ignore)
+    asked = rs.wanted(sizes, st.replicas)
+    if asked:
+        sent, replicas = st.now(), st.replicas
+
+        def granted(reply: Any) -> None:
+            rs.granted(asked, replicas, reply, sent)
+
+        yield Later("PutStart", pb.PutStartRequest(
+            keys=[k for k, _ in asked], sizes=[z for _, z in asked], checksums=[0] * len(asked),
+            replicas=replicas, writer=st.writer_id, ahead=True), granted)
+
+
+def _put_reserved(st: ClientState, keys: list[bytes], srcs: list[Dest],
+                  fill: Callable[[int, int], None] | None,
+                  taken: list[Reserved]) -> Flow[list[KVStoreError | None]]:
+    """Write each value into its placeholder (checksums computed while the bytes move),
+    then PutCommit. What did not land, or what the master no longer holds for us, is put
+    again the plain way."""
+    rs = st.reservations
+    assert rs is not None
+    n = len(keys)
+    if fill is not None:
+        fill(0, n)
+    plan: Plan = defaultdict(list)
+    for d, r in zip(srcs, taken, strict=True):
+        for target, addr in r.locations:
+            plan[target].append(Xfer(d.addr, addr, r.size))
+    ticket = yield Start(plan, write=True, at_once=True)
+    sums = [checksum(d.view) for d in srcs]
+    failed: dict[Target, KVStoreError] = yield Finish(ticket)
+    again: list[int] = []
+    commit: list[int] = []
+    for i, r in enumerate(taken):
+        if failed and any(target in failed for target, _ in r.locations):
+            rs.lost(r)
+            again.append(i)
+        else:
+            commit.append(i)
+    results: list[KVStoreError | None] = [None] * n
+    if commit:
+        reply = yield Rpc("PutCommit", pb.PutCommitRequest(
+            placeholders=[taken[i].key for i in commit], keys=[keys[i] for i in commit],
+            sizes=[taken[i].size for i in commit], checksums=[sums[i] for i in commit],
+            writer=st.writer_id))
+        now = st.now()
+        learn = st.placements.learn
+        for i, code in zip(commit, reply.codes, strict=True):
+            r = taken[i]
+            if code == Code.OK or code == Code.ALREADY_EXISTS:
+                st.stats.puts += 1
+                st.stats.bytes_written += r.size
+                if code == Code.ALREADY_EXISTS:
+                    rs.give_back(r, st.replicas)  # still PENDING and ours
+                    continue
+                st.stats.one_call_puts += 1
+                if reply.epoch == r.epoch:
+                    (segment, node_id), addr = r.locations[0]
+                    learn(keys[i], r.epoch, r.placement, r.size, sums[i], segment, node_id,
+                          addr, now)
+            else:
+                # The placeholder is gone (reclaimed, its node lost, a new leader) or the
+                # key is refused here: the plain way gives the canonical answer. A
+                # placeholder still there is given up (revoked with the next put).
+                if code != Code.NOT_FOUND:
+                    rs.lost(r)
+                again.append(i)
+    if again:
+        again.sort()
+        redo = yield from _put_plain(st, [keys[i] for i in again], [srcs[i] for i in again])
+        for i, res in zip(again, redo, strict=True):
+            results[i] = res
+    return results
+
+
+def _put_plain(st: ClientState, keys: list[bytes], srcs: list[Dest],
+               fill: Callable[[int, int], None] | None = None) -> Flow[list[KVStoreError | None]]:
+    """PutStart, transfer, PutEnd; a large batch in pipelined groups (see datapath.groups): at most
+    two groups are in flight, the next one's PutStart and the previous one's PutEnd run
+    while a group moves."""
+    results: list[KVStoreError | None] = [None] * len(keys)
+    inflight: list[tuple[_Started, Ticket | None]] = []
+    dead: dict[Target, KVStoreError] = {}  # nodes that failed a group: later groups skip them
+    try:
+        for lo, hi in st.pipelined([d.view.nbytes for d in srcs]):
+            if fill is not None:
+                fill(lo, hi)
+            group, plan = yield from _put_start(st, keys, srcs, lo, hi, results)
+            ticket = (yield Start(plan, write=True, dead=dead)) if plan else None
+            inflight.append((group, ticket))
+            if len(inflight) > 1:
+                yield from _put_end(st, keys, srcs, *inflight.pop(0), results, dead)
+        while inflight:
+            yield from _put_end(st, keys, srcs, *inflight.pop(0), results, dead)
+    except KVStoreError:
+        # Nothing may still be moving from the caller's memory when the call ends.
+        for _, ticket in inflight:
+            if ticket is not None:
+                yield Finish(ticket)
+        raise
+    return results
+
+
+@dataclass(slots=True)
+class _Started:
+    """A put group after PutStart: keys[lo:lo + len(items)], the master's answer per key
+    (and the epoch it came in), their checksums, and the indexes that got space."""
+
+    lo: int
+    items: list[pb.PutStartItem]
+    epoch: int
+    sums: list[int]
+    started: list[int]
+
+
+def _put_start(st: ClientState, keys: list[bytes], srcs: list[Dest], lo: int, hi: int,
+               results: list[KVStoreError | None]) -> Flow[tuple[_Started, Plan]]:
+    """PutStart for keys[lo:hi] (asking again while the master answers BUSY); the group
+    and the plan that writes it."""
+    sizes = [d.view.nbytes for d in srcs[lo:hi]]
+    sums = [checksum(d.view) for d in srcs[lo:hi]]
+    reply = yield Rpc("PutStart", pb.PutStartRequest(
+        keys=keys[lo:hi], sizes=sizes, checksums=sums, replicas=st.replicas,
+        writer=st.writer_id))
+    items = list(reply.items)
+    epoch = reply.epoch
+    # BUSY: the master is demoting objects to SSD to make room; ask again shortly.
+    budget = st.now() + BUSY_BUDGET
+    delay = 0.005
+    busy = [j for j, item in enumerate(items) if item.code == Code.BUSY]
+    while busy and st.now() < budget:
+        yield Wait(delay)
+        delay = min(delay * 2, 0.1)
+        again = yield Rpc("PutStart", pb.PutStartRequest(
+            keys=[keys[lo + j] for j in busy], sizes=[sizes[j] for j in busy],
+            checksums=[sums[j] for j in busy], replicas=st.replicas, writer=st.writer_id))
+        for j, item in zip(busy, again.items, strict=True):
+            items[j] = item
+        busy = [j for j in busy if items[j].code == Code.BUSY]
+        # Placements are only compared within one epoch: a retry answered by a new
+        # leader makes the earlier answers' placements unknown.
+        if again.epoch != reply.epoch:
+            reply = again
+            epoch = 0
+    plan: Plan = defaultdict(list)
+    started: list[int] = []
+    for j, item in enumerate(items):
+        i = lo + j
+        if item.code == Code.ALREADY_EXISTS:
+            continue
+        if item.code != Code.OK:
+            results[i] = error_for(item.code, item.message, key=keys[i])
+            continue
+        started.append(i)
+        for loc in item.locations:
+            plan[(loc.segment, loc.node_id)].append(Xfer(srcs[i].addr, loc.addr, loc.size))
+    return _Started(lo, items, epoch, sums, started), plan
+
+
+def _put_end(st: ClientState, keys: list[bytes], srcs: list[Dest], group: _Started,
+             ticket: Ticket | None, results: list[KVStoreError | None],
+             dead: dict[Target, KVStoreError]) -> Flow[None]:
+    """Wait for a group's bytes, then commit what arrived (PutEnd) and revoke the rest;
+    remember where the committed objects sit (for early reads)."""
+    lo, items, started = group.lo, group.items, group.started
+    failed: dict[Target, KVStoreError] = (yield Finish(ticket)) if ticket is not None else {}
+    dead.update(failed)
+    commit: list[int] = started
+    revoke: list[int] = []
+    if failed:
+        commit = []
+        for i in started:
+            bad = [failed[t] for loc in items[i - lo].locations
+                   if (t := (loc.segment, loc.node_id)) in failed]
+            if bad:
+                revoke.append(i)
+                results[i] = bad[0]
+            else:
+                commit.append(i)
+    if revoke:
+        yield Rpc("PutRevoke", pb.KeysRequest(keys=[keys[i] for i in revoke], writer=st.writer_id))
+    if commit:
+        end = yield Rpc("PutEnd", pb.KeysRequest(keys=[keys[i] for i in commit],
+                                                 writer=st.writer_id))
+        # Learned only if PutEnd came from the leader that placed them.
+        learn = st.placements.learn if end.epoch == group.epoch else _ignore
+        now = st.now()
+        for i, code in zip(commit, end.codes, strict=True):
+            if code not in (Code.OK, Code.ALREADY_EXISTS):
+                results[i] = error_for(code, "the write was not committed (it timed out at the "
+                                       "master or its node was lost); put it again", key=keys[i])
+            else:
+                st.stats.puts += 1
+                st.stats.bytes_written += srcs[i].view.nbytes
+                item = items[i - lo]
+                if code == Code.OK and group.epoch and item.locations:
+                    loc = item.locations[0]
+                    learn(keys[i], group.epoch, item.placement, loc.size,
+                          group.sums[i - lo], loc.segment, loc.node_id, loc.addr, now)
+
+
+def _ignore(*_args: Any) -> None:
+    pass
+

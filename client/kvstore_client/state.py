@@ -1,0 +1,137 @@
+"""What a client holds besides its control channel: `ClientState`, and the `Lease` a
+lookup hands out.
+
+The state is the flows' one argument: the data path (datapath.py, which it extends),
+the staging buffer, the registered memory, the placements early reads remember, the
+space started ahead for puts, the newest leader epoch seen, the counters, and the clock
+every flow reads its time from (clock.py; `ManualClock` in tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvstore.coord.layout import Layout
+from kvstore.errors import InvalidArgument, KVStoreError
+from kvstore.transfer import Transfer
+from kvstore_client.buffers import Dest, Regions, buffer_address
+from kvstore_client.clock import MONOTONIC, Clock
+from kvstore_client.control import from_stale_leader
+from kvstore_client.datapath import DataPath
+from kvstore_client.local import LocalSegments
+from kvstore_client.placements import DEFAULT_CAPACITY, Placements
+from kvstore_client.reservations import DEFAULT_BUDGET, Reservations
+from kvstore_client.staging import Staging
+from kvstore_client.stats import ClientStats
+
+DEFAULT_PLACEMENTS = DEFAULT_CAPACITY  # objects whose placement a client remembers
+DEFAULT_RESERVE = DEFAULT_BUDGET  # bytes of space a client starts ahead for its puts
+
+
+@dataclass
+class Lease:
+    """Pins on the first `count` keys of a lookup. Release it (or leave the `with`) once
+    loaded; it expires by itself at `expires_at` (on the client's clock: this host's
+    time.monotonic())."""
+
+    id: int
+    keys: list[bytes]
+    expires_at: float
+    _client: Any = field(default=None, repr=False)
+    _clock: Clock = field(default=MONOTONIC, repr=False, compare=False)
+
+    @property
+    def count(self) -> int:
+        return len(self.keys)
+
+    @property
+    def expired(self) -> bool:
+        return self._clock.now() > self.expires_at
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._client is not None and self.id:
+            with contextlib.suppress(KVStoreError):  # it expires on its own
+                self._client.release(self)
+
+    async def __aenter__(self) -> Lease:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._client is not None and self.id:
+            with contextlib.suppress(KVStoreError):
+                await self._client.release(self)
+
+
+class ClientState(DataPath):
+    """Everything a client holds except its control channel."""
+
+    def __init__(self, transfer: Transfer, staging: Staging, local: LocalSegments,
+                 writer_id: str, replicas: int, placements: Placements | None = None,
+                 reserve_bytes: int = 0, clock: Clock = MONOTONIC) -> None:
+        super().__init__(transfer, local, ClientStats(), clock)
+        self.placements = placements if placements is not None else Placements(clock=clock)
+        self.reservations = (Reservations(writer_id, reserve_bytes, clock=clock)
+                             if reserve_bytes else None)
+        # The newest leader epoch the driver has seen: replies of older ones are refused,
+        # and space started ahead under an older leader is never written.
+        self.epoch = 0
+        self.staging = staging
+        self.writer_id = writer_id
+        self.replicas = replicas
+        self.regions = Regions()
+
+    def current(self, reply: Any) -> bool:
+        """Whether a reply comes from the newest leader seen (not a standby's, not a
+        deposed leader's); if so, its epoch becomes the newest seen."""
+        if from_stale_leader(reply, self.epoch):
+            return False
+        self.epoch = reply.epoch
+        return True
+
+    @classmethod
+    def build(cls, etcd: str | None, layout: Layout, buffer_size: int, host: str, protocol: str,
+              device: str, same_host: bool, replicas: int,
+              timeout: float | None = None,
+              placement_memory: int = DEFAULT_CAPACITY,
+              reserve_bytes: int = DEFAULT_RESERVE, clock: Clock = MONOTONIC) -> ClientState:
+        """A client's data side: its Transfer Engine, staging buffer and local maps.
+        `timeout` bounds each transfer batch (a peer that stopped answering);
+        `placement_memory` objects' placements are remembered (0: no early reads);
+        up to `reserve_bytes` of space is started ahead for puts (0: none; see
+        reservations.py)."""
+        if reserve_bytes < 0:
+            raise InvalidArgument(f"reserve_bytes must be >= 0, got {reserve_bytes}")
+        transfer = Transfer(host, protocol, device, timeout=timeout)
+        return cls(transfer, Staging(transfer, buffer_size),
+                   LocalSegments(etcd, layout, enabled=same_host), uuid.uuid4().hex, replicas,
+                   Placements(placement_memory, clock=clock), reserve_bytes, clock)
+
+    def lease(self, lease_id: int, keys: list[bytes], expires_at: float) -> Lease:
+        """A lease on this state's clock."""
+        return Lease(lease_id, keys, expires_at, _clock=self.clock)
+
+    # -- registered memory ---------------------------------------------------------------
+
+    def register(self, buffer: Any) -> None:
+        addr, nbytes = buffer_address(buffer)
+        self.transfer.register(addr, nbytes)
+        self.regions.add(addr, nbytes)
+
+    def unregister(self, buffer: Any) -> None:
+        addr, nbytes = buffer_address(buffer)
+        self.transfer.unregister(addr)
+        self.regions.remove(addr, nbytes)
+
+    def dest(self, buffer: Any) -> Dest:
+        return self.regions.dest(buffer)
+
+    def close(self) -> None:
+        self.local.close()
+        self.staging.close()
+        self.transfer.close()
