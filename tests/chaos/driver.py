@@ -164,6 +164,7 @@ class Run:
         self._placing = threading.Event()
         self._place_lock = threading.Lock()
         self._master_logs: dict[str, int] = {}
+        self._departed: dict[str, int] = {}  # node id -> objects_lost the leader listed
 
     # -- the whole run -----------------------------------------------------------------
 
@@ -290,12 +291,16 @@ class Run:
                         etcd=self.c.endpoint, timeout=TIMEOUT, replicas=replicas, same_host=False)
                 n = self.rng.getrandbits(48)
                 keys = [f"burst{replicas}-{n:x}-{i}".encode() for i in range(BURST)]
-                errs = self._bursts[replicas].put_many(keys, [value_for(k) for k in keys])
-                now = time.monotonic()
-                for k, e in zip(keys, errs, strict=True):
-                    if e is None:
-                        self.ledger.acked(k, now, replicas)
-                        acked[replicas].append(k)
+                self.ledger.writing(keys)
+                try:
+                    errs = self._bursts[replicas].put_many(keys, [value_for(k) for k in keys])
+                    now = time.monotonic()
+                    for k, e in zip(keys, errs, strict=True):
+                        if e is None:
+                            self.ledger.acked(k, now, replicas)
+                            acked[replicas].append(k)
+                finally:
+                    self.ledger.written(keys)
             except KVStoreError:
                 self._bursts.pop(replicas, None)
         return acked
@@ -317,6 +322,12 @@ class Run:
         row = Row(n, kind)
         wrong_before = traffic.total("wrong_bytes") + probe.wrong_bytes
         self._master_logs = self.c.master_log_sizes()
+        self._departed = {}
+        watching = threading.Event()
+        watching.set()
+        watcher = threading.Thread(target=self._watch_departed, args=(watching,), daemon=True,
+                                   name="chaos-departed")
+        watcher.start()
         burst = self._burst()
         ctx = Ctx(self.c, self.ledger, self.rng, self.place)
         try:
@@ -340,6 +351,8 @@ class Run:
         # resume after an outage loses its lease, and its objects, seconds after the
         # cluster served again): the check waits them out.
         time.sleep(max(0.0, a.ended + SETTLE - time.monotonic()))
+        watching.clear()
+        watcher.join(timeout=2 * TIMEOUT)
         self._check(row, a)
         self._retire(burst)
         row.wrong_bytes += traffic.total("wrong_bytes") + probe.wrong_bytes - wrong_before
@@ -353,6 +366,17 @@ class Run:
         if row.exits:
             row.problems.append(f"daemons exited without an event causing it: {row.exits}")
         return row
+
+    def _watch_departed(self, watching: threading.Event) -> None:
+        """The leader lists a departed node (with the objects that went with it) only
+        until the node mounts again: look while the event runs."""
+        while watching.is_set():
+            with contextlib.suppress(*TRANSIENT):
+                for n in self.c.node_list():
+                    if n.state != "alive":
+                        self._departed[n.node_id] = max(self._departed.get(n.node_id, 0),
+                                                        n.objects_lost)
+            watching.wait(0.2)
 
     # -- checks ------------------------------------------------------------------------------
 
@@ -418,7 +442,7 @@ class Run:
             if self.ledger.state(key) != "live":
                 continue  # retired by its writer meanwhile
             rec = self.ledger.records[key]
-            v = self.ledger.lose(key)
+            v = self.ledger.lose(key, a.started if a is not None else 0.0)
             if v.explained:
                 row.explained += 1
                 why[v.why] += 1
@@ -446,16 +470,19 @@ class Run:
             row.problems.append(f"the leader evicted {counters['evictions']} objects (the "
                                 "working set fits: nothing should be evicted)")
         logged = self.c.objects_gone(self._master_logs)
+        for n in nodes:
+            if n.state != "alive":
+                self._departed[n.node_id] = max(self._departed.get(n.node_id, 0), n.objects_lost)
         for node in a.lost_nodes if a is not None else []:
-            info = next((n for n in nodes if n.node_id == node and n.state != "alive"), None)
-            if info is not None:
-                counted = info.objects_lost
-            elif node in logged:
-                counted = logged[node]
-            else:
-                row.notes.append(f"the leader neither lists {node} as departed nor logged it "
-                                 "gone (its next incarnation fenced it): no count to compare")
+            # A node that left (SIGTERM) is counted when it unmounts; its etcd record's
+            # end is logged later with 0: the largest count is the leader's.
+            seen = [c for c in (self._departed.get(node), logged.get(node)) if c is not None]
+            if not seen or (max(seen) == 0 and node not in self._departed):
+                row.notes.append(f"the leader neither listed {node} as departed nor logged "
+                                 "objects gone with it (its next incarnation fenced it): no "
+                                 "count to compare")
                 continue
+            counted = max(seen)
             row.master_lost[node] = counted
             if by_node[node] > counted:
                 row.problems.append(f"the suite found {by_node[node]} objects lost with {node}, "

@@ -66,22 +66,45 @@ class Verdict:
 class Ledger:
     records: dict[bytes, Record] = field(default_factory=dict)
     losses: list[DramLoss] = field(default_factory=list)
+    # Keys whose put is under way, and where the leader said they (PENDING) are: a put
+    # may return OK just after its node went, too late to ask then.
+    _writing: set[bytes] = field(default_factory=set, repr=False)
+    _early: dict[bytes, tuple[frozenset[Copy], float]] = field(default_factory=dict, repr=False)
     # Traffic threads ack and retire while the driver iterates: one lock, held briefly.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     # -- what happened ---------------------------------------------------------------
 
+    def writing(self, keys: Iterable[bytes]) -> None:
+        with self._lock:
+            self._writing.update(keys)
+
+    def written(self, keys: Iterable[bytes]) -> None:
+        """The put returned (each key acked or not)."""
+        with self._lock:
+            for key in keys:
+                self._writing.discard(key)
+                self._early.pop(key, None)
+
     def acked(self, key: bytes, at: float, replicas: int, cold: bool = False) -> None:
         with self._lock:
             if key not in self.records:
-                self.records[key] = Record(key, at, replicas, cold)
+                rec = self.records[key] = Record(key, at, replicas, cold)
+                if key in self._early:
+                    rec.placement, rec.placed_at = self._early[key]
 
     def placed(self, key: bytes, copies: Iterable[Copy], at: float) -> None:
         """The leader reported these copies at `at`; an empty report (NOT_FOUND) keeps
         the last one, which is what the object was lost from."""
         rec = self.records.get(key)
         copies = frozenset(copies)
-        if rec is not None and copies and at >= rec.placed_at:
+        if not copies:
+            return
+        if rec is None:
+            with self._lock:
+                if key in self._writing:
+                    self._early[key] = (copies, at)
+        elif at >= rec.placed_at:
             rec.placement, rec.placed_at = copies, at
 
     def dram_lost(self, node_id: str, at: float, cause: str) -> None:
@@ -104,31 +127,39 @@ class Ledger:
         return [r for r in records if r.state == "live" and (before is None or r.acked_at < before)]
 
     def unplaced(self) -> list[bytes]:
+        """Acknowledged keys never placed, and keys being written (not placed yet)."""
         with self._lock:
             records = list(self.records.values())
-        return [r.key for r in records if r.state == "live" and r.placed_at < 0]
+            writing = [k for k in self._writing if k not in self._early]
+        return [r.key for r in records if r.state == "live" and r.placed_at < 0] + writing
 
-    def judge(self, key: bytes) -> Verdict:
-        """Why `key`, found missing, is gone, if the rule explains it."""
+    def judge(self, key: bytes, origin: float = 0.0) -> Verdict:
+        """Why `key`, found missing, is gone, if the rule explains it; times in the
+        sentence are seconds from `origin` (the event's start)."""
         rec = self.records[key]
+        acked = f"acked at {rec.acked_at - origin:+.2f} s"
         if not rec.placement:
-            return Verdict(key, False, "placement never seen (acked "
-                           f"{rec.acked_at:.3f}, {rec.replicas} replica(s) asked)")
+            return Verdict(key, False, f"placement never seen ({acked}, {rec.replicas} "
+                           "replica(s) asked)")
         causes = []
         for copy in sorted(rec.placement, key=lambda c: (c.node_id, c.tier)):
             if copy.tier != DRAM:
-                return Verdict(key, False, f"its {copy.tier} copy on {copy.node_id} is gone")
+                return Verdict(key, False, f"its {copy.tier} copy on {copy.node_id} is gone "
+                               f"({acked})")
             loss = next((x for x in self.losses
                          if x.node_id == copy.node_id
                          and x.at >= rec.acked_at - ACK_SLACK), None)
             if loss is None:
-                return Verdict(key, False, f"its DRAM copy on {copy.node_id} is gone, and "
-                               "that node's DRAM did not die after the ack")
+                before = [x.at - origin for x in self.losses if x.node_id == copy.node_id]
+                return Verdict(key, False, f"its DRAM copy on {copy.node_id} is gone ({acked}, "
+                               f"placement seen at {rec.placed_at - origin:+.2f} s), and that "
+                               "node's DRAM did not die after the ack"
+                               + (f" (it last died at {max(before):+.2f} s)" if before else ""))
             causes.append(loss.cause)
         return Verdict(key, True, " + ".join(sorted(set(causes))))
 
-    def lose(self, key: bytes) -> Verdict:
-        verdict = self.judge(key)
+    def lose(self, key: bytes, origin: float = 0.0) -> Verdict:
+        verdict = self.judge(key, origin)
         self.records[key].state = "lost"
         return verdict
 

@@ -95,6 +95,19 @@ def test_the_last_placement_seen_is_what_an_object_is_lost_from() -> None:
     assert [r.key for r in led.live(before=time.monotonic())] == [b"k"]
 
 
+def test_a_placement_seen_while_the_put_ran_counts_once_it_is_acked() -> None:
+    led = Ledger()
+    led.writing([b"k", b"x"])
+    assert sorted(led.unplaced()) == [b"k", b"x"]
+    led.placed(b"k", [Copy("n0", "dram")], 1.0)  # PENDING at the leader
+    led.placed(b"y", [Copy("n0", "dram")], 1.0)  # not being written: ignored
+    assert led.unplaced() == [b"x"]
+    led.acked(b"k", 1.5, 1)
+    led.written([b"k", b"x"])
+    assert led.records[b"k"].placement == frozenset({Copy("n0", "dram")})
+    assert b"y" not in led.records and led.unplaced() == []
+
+
 def test_retired_keys_are_not_checked() -> None:
     led = Ledger()
     led.acked(b"k", 1.0, 1)

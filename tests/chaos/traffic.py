@@ -133,15 +133,19 @@ class Worker:
     def _step(self, client: Any, n: int) -> None:
         tag = f"{self.spec.name}{FIXED.decode() if self.spec.fixed else '-'}{n}"
         keys = [f"{tag}-{i}".encode() for i in range(BATCH)]
-        errs = self._call(client.put_many, keys, [value_for(k) for k in keys])
-        now = time.monotonic()
-        for key, err in zip(keys, errs, strict=True):
-            if err is None:
-                self.ledger.acked(key, now, self.spec.replicas)
-                self.mine.append(key)
-                self.stats.acked += 1
-            else:
-                self.stats.error(err)
+        self.ledger.writing(keys)
+        try:
+            errs = self._call(client.put_many, keys, [value_for(k) for k in keys])
+            now = time.monotonic()
+            for key, err in zip(keys, errs, strict=True):
+                if err is None:
+                    self.ledger.acked(key, now, self.spec.replicas)
+                    self.mine.append(key)
+                    self.stats.acked += 1
+                else:
+                    self.stats.error(err)
+        finally:
+            self.ledger.written(keys)
         if self.mine:
             picked = self.rng.sample(list(self.mine), min(len(self.mine), BATCH))
             for key, got in zip(picked, self._call(client.get_many, picked), strict=True):
