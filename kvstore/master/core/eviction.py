@@ -177,10 +177,6 @@ class Eviction:
 
     # -- policy -------------------------------------------------------------------
 
-    def held(self, now: float) -> bool:
-        """Whether eviction is held (after a failover, see hold_eviction_until)."""
-        return now < self._state.hold_until
-
     def hold_until(self, t: float) -> None:
         self._state.hold_until = max(self._state.hold_until, t)
 

@@ -102,17 +102,17 @@ class Introspect:
                 segments=segs,
             )
         n_pending = len(t.pending)
-        ledger = state.ledger
+        space = state.ledger.counts()
         c = state.counts
         return CoreStats(
             objects_pending=n_pending,
             objects_complete=len(t) - n_pending,
-            bytes_pending=ledger.pending_size,
-            bytes_complete=ledger.complete_size,
+            bytes_pending=space.pending_size,
+            bytes_complete=space.complete_size,
             pool_capacity=state.pool_capacity,
             pool_used=state.pool_used(),
-            pool_pinned=ledger.pinned,
-            pool_pending=ledger.pending,
+            pool_pinned=space.pinned,
+            pool_pending=space.pending,
             active_leases=len(state.leases),
             nodes=nodes,
             lookups=c.lookups,
@@ -152,15 +152,15 @@ class Introspect:
                 SSD, c.ssd_evictions, c.ssd_evicted_bytes,
                 recent["ssd_evictions"], recent["ssd_evicted_bytes"],
             ))
-        ledger = state.ledger
+        space = state.ledger.counts()
         return EvictionStats(
             tiers=tiers,
             evict_high=state.config.evict_high,
             evict_low=state.config.evict_low,
             pool_capacity=state.pool_capacity,
             pool_used=state.pool_used(),
-            pool_pinned=ledger.pinned,
-            pool_pending=ledger.pending,
+            pool_pinned=space.pinned,
+            pool_pending=space.pending,
             blocked=c.blocked,
             blocked_bytes=c.blocked_bytes,
             blocked_pinned_bytes=c.blocked_pinned,
