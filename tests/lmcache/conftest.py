@@ -88,8 +88,10 @@ class Engine:
         assert isinstance(conn, KVStoreConnector), conn
         return conn
 
-    def run(self, coro: Any, timeout: float = 120.0) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+    def run(self, coro: Any) -> Any:
+        """Run a coroutine on the engine's loop and wait for it (a hang is left to
+        pytest's timeout: no speed limit here)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def chunk(self, seed: int) -> Any:
         """A MemoryObj from this engine's CPU buffer holding a seeded random chunk."""

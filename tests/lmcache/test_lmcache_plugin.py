@@ -38,7 +38,7 @@ MiB = 1 << 20
 N = 6  # chunks per prefix
 
 
-def _poll(pred: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+def _poll(pred: Callable[[], bool], what: str, timeout: float = 240.0) -> None:
     """Wait for `pred` (a guard against hanging, not a speed limit)."""
     deadline = time.monotonic() + timeout
     while not pred():

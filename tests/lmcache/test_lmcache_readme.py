@@ -36,7 +36,7 @@ def test_readme_config_as_printed(store: Cluster, engines: Callable[..., Engine]
     keys = [chunk_key(5000 + i) for i in range(3)]
     objs = [a.chunk(i) for i in range(3)]
     a.backend.batched_submit_put_task(keys, objs)
-    deadline = time.monotonic() + 60  # a guard against hanging, not a speed limit
+    deadline = time.monotonic() + 240  # a guard against hanging, not a speed limit
     while a.connector.stats.puts < 3:
         assert time.monotonic() < deadline
         time.sleep(0.05)
