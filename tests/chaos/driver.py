@@ -7,7 +7,8 @@ accounted for.
 The seed is printed first; the same seed draws the same events, targets, durations and
 pauses again (the timing of the processes themselves is not replayable). One round: a
 burst of acknowledged puts (replicas 1 and 2), then at once, with no pause, one event
-(events.py); then, while the traffic goes on, the checks:
+(events.py: the first rounds take every kind once, in a seeded order, then each is
+drawn); then, while the traffic goes on, the checks:
 
 - wrong bytes: every read (traffic, probe, checks) is compared with `value_for(key)`; 0.
 - serving again: a probe's puts and reads succeed three rounds in a row within
@@ -190,13 +191,16 @@ class Run:
             self._placing.set()
             placer = threading.Thread(target=self._placer, name="chaos-placer", daemon=True)
             placer.start()
+            # Every kind once, in a seeded order, then seeded draws: a long run covers all.
             kinds = list(EVENTS)
+            order = self.rng.sample(kinds, len(kinds))
             for i in range(self.n_rounds):
                 if time.monotonic() - t0 > self.max_seconds:
                     self.report.notes.append(f"stopped after {i} rounds: --max-seconds "
                                              f"{self.max_seconds:.0f} reached")
                     break
-                kind = self.events[i % len(self.events)] if self.events else self.rng.choice(kinds)
+                kind = (self.events[i % len(self.events)] if self.events else
+                        order[i] if i < len(order) else self.rng.choice(kinds))
                 pause = self.rng.choice([0.0, 0.0, self.rng.uniform(0.2, 2.0)])
                 time.sleep(pause)  # traffic between events (a duration, not an assertion)
                 row = self._round(i + 1, kind, traffic, probe)
@@ -434,6 +438,11 @@ class Run:
             if r.state == "lost" and r.key not in gone:
                 self.ledger.found_again(r.key)
                 row.notes.append(f"{r.key!r}, counted lost earlier, read back at the end")
+        # What the leader still says of each missing key: an object it indexes on a live
+        # node but that does not read back is another failure than one it dropped.
+        indexed: dict[bytes, frozenset[Any]] = {}
+        with contextlib.suppress(*TRANSIENT):
+            indexed = self.c.placement([k for k in missing if self.ledger.state(k) == "live"])
         why: Counter[str] = Counter()
         by_node: Counter[str] = Counter()
         for key in missing:
@@ -451,7 +460,10 @@ class Run:
             else:
                 row.unexplained += 1
                 if len(row.lost_keys) < 8:
-                    row.lost_keys.append(f"{key.decode(errors='replace')}: {v.why}")
+                    where = (f"the leader still indexes it on "
+                             f"{sorted(f'{c.node_id}/{c.tier}' for c in indexed[key])}"
+                             if key in indexed else "the leader no longer indexes it")
+                    row.lost_keys.append(f"{key.decode(errors='replace')}: {v.why}; {where}")
         row.why = dict(why)
         if row.unexplained:
             row.problems.append(f"{row.unexplained} acknowledged objects lost that no DRAM "
