@@ -75,6 +75,24 @@ def wait_until_serving(opts: UpOptions, cluster: DevCluster) -> None:
     raise AssertionError(f"the dev cluster did not serve: {last}")
 
 
+def wait_until_plaintext_serving(opts: UpOptions, cluster: DevCluster) -> None:
+    """Until the insecure run's leader answers in plaintext with its node mounted."""
+    master = f"127.0.0.1:{opts.master_port}"
+    deadline = time.monotonic() + 60
+    while True:
+        dead = [name for name, proc in cluster.procs if proc.poll() is not None]
+        assert not dead, f"{dead} exited; see {opts.data_dir / 'logs'}"
+        with grpc.insecure_channel(master) as ch:
+            try:
+                st = pbg.MasterStub(ch).ClusterStatus(pb.ClusterStatusRequest(), timeout=2)
+                if st.nodes and not st.error.code:
+                    return
+            except grpc.RpcError:
+                pass
+        assert time.monotonic() < deadline, "the insecure cluster did not serve"
+        time.sleep(0.2)
+
+
 @pytest.fixture
 def insecure_after_secure(home: Path, up_options: UpOptions) -> Iterator[tuple[UpOptions, dict]]:
     """A secure run, stopped, then an insecure one on the same endpoint (left running);
@@ -91,6 +109,7 @@ def insecure_after_secure(home: Path, up_options: UpOptions) -> Iterator[tuple[U
     try:
         assert up_options.removed_credentials
         assert entry not in json.loads(home.read_text())
+        wait_until_plaintext_serving(up_options, insecure)
         yield up_options, stale
     finally:
         insecure.stop()
@@ -99,17 +118,6 @@ def insecure_after_secure(home: Path, up_options: UpOptions) -> Iterator[tuple[U
 def test_a_client_with_default_arguments_works_at_once(
         insecure_after_secure: tuple[UpOptions, dict]) -> None:
     opts, _ = insecure_after_secure
-    master = f"127.0.0.1:{opts.master_port}"
-    deadline = time.monotonic() + 60
-    while True:  # wait for the node to mount (plaintext: the master serves no TLS now)
-        with grpc.insecure_channel(master) as ch:
-            try:
-                if pbg.MasterStub(ch).ClusterStatus(pb.ClusterStatusRequest(), timeout=2).nodes:
-                    break
-            except grpc.RpcError:
-                pass
-        assert time.monotonic() < deadline, "the insecure cluster's node did not mount"
-        time.sleep(0.2)
     for transport in ("fast", "grpc"):
         with KVStoreClient(etcd=f"127.0.0.1:{opts.etcd_port}", timeout=LONG,
                            transport=transport) as client:
