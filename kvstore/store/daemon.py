@@ -55,7 +55,8 @@ from kvstore.v1 import store_pb2_grpc as spbg
 log = logging.getLogger(__name__)
 PREFAULT_PROGRESS = 10.0  # s between progress lines while the DRAM segment is reserved
 ETCD_RETRY_LOG = 5.0  # s between log lines while etcd cannot be reached
-PROBE_TIMEOUT = 1.0  # s a previous incarnation of our id has to answer before it is fenced
+PROBE_TIMEOUT = 1.0  # s a previous incarnation of our id has to answer a probe...
+PROBE_ATTEMPTS = 3  # ...of this many before it is fenced (a busy node answers one of them)
 # Any method name works: a live node answers UNIMPLEMENTED, and nothing runs there.
 PROBE_METHOD = "/kvstore.v1.StoreNode/AreYouAlive"
 FENCED_EXIT = 4  # a newer incarnation took this node's id
@@ -251,13 +252,18 @@ class StoreDaemon:
         """Whether a gRPC server answers at `old.service`: any reply, an error included
         (the method exists nowhere), counts. A frozen process accepts the connection in
         the kernel but never replies: DEADLINE_EXCEEDED."""
-        try:
-            async with self.security.channel(old.service, old.tls) as channel:
-                await channel.unary_unary(PROBE_METHOD)(b"", timeout=PROBE_TIMEOUT)
-        except grpc.aio.AioRpcError as exc:
-            return exc.code() not in (grpc.StatusCode.UNAVAILABLE,
-                                      grpc.StatusCode.DEADLINE_EXCEEDED)
-        return True
+        for _ in range(PROBE_ATTEMPTS):
+            try:
+                async with self.security.channel(old.service, old.tls) as channel:
+                    await channel.unary_unary(PROBE_METHOD)(b"", timeout=PROBE_TIMEOUT)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    return False  # refused: nothing listens there any more
+                if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    return True
+                continue
+            return True
+        return False
 
     def _is_us(self, rec: NodeRecord) -> bool:
         return (rec.pid, rec.boot_id, rec.segment) == (
