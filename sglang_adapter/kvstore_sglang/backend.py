@@ -258,6 +258,11 @@ class KVStoreHiCacheStorage(HiCacheStorage):
     # -- set-up ---------------------------------------------------------------------------
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        if self._pool is not None and self._pool.host_pool is mem_pool_host:
+            return  # registered already (a second attach of the same pool)
+        if self._pool is not None:
+            raise NotRegistered("KVStoreHiCacheStorage serves one host pool; build another "
+                                "backend for another pool")
         super().register_mem_pool_host(mem_pool_host)
         pool = _Pool(mem_pool_host)
         namespace = Namespace(self.shard, pool.geometry())
@@ -324,18 +329,18 @@ class KVStoreHiCacheStorage(HiCacheStorage):
             if client is not None:
                 lease = self._call(lambda c: c.lookup(objs, ttl=self.settings.lease_ttl), client)
             pages = lease.count // per if lease is not None else 0
-            if lease is not None and lease.id:
+            if lease is not None and lease.id and client is not None:
                 if pages * per < lease.count:  # a page found only in part is no hit
-                    self._call(lambda c: c.release(lease, keep_first=pages * per), client)
+                    _quiet_release(client, lease, keep_first=pages * per)
                 if pages:
                     self._pins.add(lease, lease.keys[:pages * per])
                 else:
-                    self._call(lambda c: c.release(lease), client)
-        self.stats.latency["exists"].append(time.perf_counter() - t0)
-        self.stats.exists_calls += 1
-        self.stats.pages_queried += len(keys)
-        self.stats.hits += pages
-        self.stats.misses += len(keys) - pages
+                    _quiet_release(client, lease)
+            self.stats.latency["exists"].append(time.perf_counter() - t0)
+            self.stats.exists_calls += 1
+            self.stats.pages_queried += len(keys)
+            self.stats.hits += pages
+            self.stats.misses += len(keys) - pages
         if pages < len(keys):
             log.debug("kvstore_sglang: %d of %d page(s) found under namespace %s; page %r "
                       "and the rest are misses", pages, len(keys), maker.namespace.digest.hex(),
@@ -504,8 +509,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         if client is None:
             return  # they expire on the master by themselves
         for lease in leases:
-            with contextlib.suppress(Exception):
-                client.release(lease)
+            _quiet_release(client, lease)
 
     def _write(self, objs: list[bytes], bufs: list[Any], per: int,
                copy: bool = False) -> list[bool]:
@@ -525,6 +529,10 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         return [all(e is None for e in errs[p * per:(p + 1) * per]) for p in range(pages)]
 
     def _note_read(self, ok: list[bool], page_bytes: int, t0: float) -> None:
+        with self._lock:  # SGLang's threads share the counters
+            self._note_read_locked(ok, page_bytes, t0)
+
+    def _note_read_locked(self, ok: list[bool], page_bytes: int, t0: float) -> None:
         dt = time.perf_counter() - t0
         n = sum(ok)
         self.stats.latency["get"].append(dt)
@@ -535,6 +543,10 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         self._metrics["prefetch_bandwidth"].append(n * page_bytes / (1 << 30) / dt if dt else 0.0)
 
     def _note_write(self, ok: list[bool], page_bytes: int, t0: float) -> None:
+        with self._lock:
+            self._note_write_locked(ok, page_bytes, t0)
+
+    def _note_write_locked(self, ok: list[bool], page_bytes: int, t0: float) -> None:
         dt = time.perf_counter() - t0
         n = sum(ok)
         self.stats.latency["set"].append(dt)
@@ -605,6 +617,12 @@ class KVStoreHiCacheStorage(HiCacheStorage):
 
 
 _NOT_READ = KVStoreSGLangError("not read")
+
+
+def _quiet_release(client: KVStoreClient, lease: Lease, keep_first: int | None = None) -> None:
+    """Release (or trim) a lease; a failure is harmless: it expires on the master."""
+    with contextlib.suppress(Exception):
+        client.release(lease, keep_first=keep_first)
 
 
 def _bytes_of(tensor: Any) -> np.ndarray:
