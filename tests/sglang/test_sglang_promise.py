@@ -73,6 +73,31 @@ def test_reported_pages_survive_a_flood_between_exists_and_get(small: Cluster) -
         reader.close()
 
 
+def test_two_requests_with_one_prefix_each_keep_their_own_promise(small: Cluster) -> None:
+    wpool, rpool = mha_host_pool(), mha_host_pool()
+    writer = create(storage_config(small.etcd), wpool)
+    reader = create(storage_config(small.etcd), rpool)
+    try:
+        keys = page_keys(8)
+        src = wpool.alloc(8 * PAGE)
+        fill(wpool, src, seed=14)
+        assert writer.batch_set_v1(keys, src) == [True] * 8
+        assert reader.batch_exists(keys) == 8  # request 1
+        assert reader.batch_exists(keys) == 8  # request 2, same prefix
+        first = rpool.alloc(8 * PAGE)
+        assert reader.batch_get_v1(keys, first) == [True] * 8  # request 1 reads ...
+        _flood(small, "c")  # ... the store fills up before request 2 reads
+        assert json.loads(small.status().counters_json)["evictions"] > 0
+        second = rpool.alloc(8 * PAGE)
+        assert reader.batch_get_v1(keys, second) == [True] * 8
+        for a, b in zip(pages_of(wpool, src), pages_of(rpool, second), strict=True):
+            assert torch.equal(a, b)
+        assert reader.get_stats().kvstore["leased_reads"] == 16
+    finally:
+        writer.close()
+        reader.close()
+
+
 def test_generic_reads_keep_the_promise_too(small: Cluster) -> None:
     wpool, rpool = mha_host_pool(), mha_host_pool()
     writer = create(storage_config(small.etcd), wpool)
