@@ -45,10 +45,14 @@ class Reads:
         self._state.check_batch(len(keys))
         get = self._t.index.get
         pins = self._t.pins
+        out: list[bool] = []
+        append = out.append
         # A bytes key needs no length check here: the index holds only usable keys. An
         # unusable key of another type normalises to None, which is not there either.
-        return [(s := get(k if type(k) is bytes else norm_key(k))) is not None  # type: ignore[arg-type]
-                and pins[s] >= 0 for k in keys]
+        for key in keys:
+            s = get(key if type(key) is bytes else norm_key(key))  # type: ignore[arg-type]
+            append(s is not None and pins[s] >= 0)
+        return out
 
     def lookup(self, keys: Sequence[bytes], lease_ttl: float | None, holder: str,
                owner: str) -> LookupResult:
