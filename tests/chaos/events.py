@@ -67,9 +67,13 @@ def _signal_store(ctx: Ctx, sig: int, later: bool, name: str) -> Applied:
     t = time.monotonic()
     if sig == signal.SIGTERM:
         # A SIGTERMed node unmounts within milliseconds and the leader forgets its copies
-        # at once: where the last objects written were must be asked first. The node is
-        # frozen meanwhile (a few ms), so nothing is written to it unseen.
+        # at once: where the last objects written were must be asked first, while the
+        # node is frozen for a quarter of a second.
         c.sup.signal(d, signal.SIGSTOP)
+        ctx.place()
+        # Same-host clients still write into the frozen node's memory: a put that began
+        # just before the first ask is placed by the second.
+        time.sleep(0.25)
         ctx.place()
     pid = c.sup.signal(d, sig, restart_after=delay)
     if sig == signal.SIGTERM:
