@@ -79,8 +79,12 @@ class Row:
     kind: str
     detail: str = ""
     checked: int = 0
+    checked_2r: int = 0  # of which with copies on 2 nodes
+    checked_cold: int = 0  # of which on an SSD tier since the set-up
     explained: int = 0
     unexplained: int = 0
+    lost_2r: int = 0  # lost objects that had copies on 2 nodes
+    lost_cold: int = 0  # lost objects of the cold set
     why: dict[str, int] = field(default_factory=dict)  # explained losses by cause
     lost_keys: list[str] = field(default_factory=list)  # the first unexplained, with why
     wrong_bytes: int = 0
@@ -130,13 +134,19 @@ def table(report: Report) -> str:
 
 
 def details(report: Report) -> str:
-    lines = []
+    rows = [*report.rounds, report.final]
+    lines = [f"objects with copies on 2 nodes: {sum(r.checked_2r for r in rows):,} checked, "
+             f"{sum(r.lost_2r for r in rows):,} lost; cold objects (SSD tier): "
+             f"{sum(r.checked_cold for r in rows):,} checked, "
+             f"{sum(r.lost_cold for r in rows):,} lost"]
     for r in [*report.rounds, report.final]:
         why = "; ".join(f"{n} {c}" for c, n in r.why.items())
         times = ("" if r is report.final else
                  f"; serving again {r.serve_s:.1f} s, full strength {r.full_s:.1f} s")
-        lines.append(f"- round {r.round} {r.kind}: {r.detail}; checked {r.checked}, lost "
-                     f"{r.explained} explained ({why or '-'}), {r.unexplained} unexplained"
+        lines.append(f"- round {r.round} {r.kind}: {r.detail}; checked {r.checked} ("
+                     f"{r.checked_2r} on 2 nodes, {r.checked_cold} cold), lost "
+                     f"{r.explained} explained ({why or '-'}), {r.unexplained} unexplained "
+                     f"({r.lost_2r} on 2 nodes, {r.lost_cold} cold)"
                      + times
                      + (f"; the leader counted lost {r.master_lost}" if r.master_lost else ""))
         lines += [f"    {n}" for n in r.notes]
@@ -433,6 +443,8 @@ class Run:
             missing = (self._read([k for k in missing if k not in cold], False, row)
                        + self._read([k for k in missing if k in cold], True, row))
         row.checked = len(keys)
+        row.checked_2r = sum(1 for r in live if len({c.node_id for c in r.placement}) >= 2)
+        row.checked_cold = sum(1 for r in live if r.cold)
         gone = set(missing)
         for r in live:
             if r.state == "lost" and r.key not in gone:
@@ -451,6 +463,8 @@ class Run:
             if self.ledger.state(key) != "live":
                 continue  # retired by its writer meanwhile
             rec = self.ledger.records[key]
+            row.lost_2r += len({c.node_id for c in rec.placement}) >= 2
+            row.lost_cold += rec.cold
             v = self.ledger.lose(key, a.started if a is not None else 0.0)
             if v.explained:
                 row.explained += 1
