@@ -11,10 +11,12 @@ from `ttft_bench.py`, one engine at a time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -48,8 +50,11 @@ def _start(tmp: Path, name: str, spec: dict[str, Any]) -> tuple[subprocess.Popen
     spec_path, report, log = tmp / f"{name}.json", tmp / f"{name}.report.json", tmp / f"{name}.log"
     spec_path.write_text(json.dumps(spec))
     fh = open(log, "wb")  # noqa: SIM115 - closed with the process
+    # Its own process group: an engine that times out goes with its engine core and
+    # workers (killing the front process alone leaves them running).
     p = subprocess.Popen([sys.executable, "-m", "tests.vllm.engine_run", str(spec_path),
-                          str(report)], cwd=ROOT, env=_env(), stdout=fh, stderr=subprocess.STDOUT)
+                          str(report)], cwd=ROOT, env=_env(), stdout=fh, stderr=subprocess.STDOUT,
+                         start_new_session=True)
     return p, report, log
 
 
@@ -58,10 +63,13 @@ def _finish(proc: tuple[subprocess.Popen[bytes], Path, Path],
     p, report, log = proc
     try:
         rc = p.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
+    except BaseException as exc:  # timed out here, or the whole test did (pytest-timeout)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
         p.wait()
-        raise AssertionError(f"engine timed out; log:\n{log.read_text()[-4000:]}") from None
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise AssertionError(f"engine timed out; log:\n{log.read_text()[-4000:]}") from None
+        raise
     text = log.read_text(errors="replace")
     assert rc == 0 and report.exists(), f"engine failed (rc={rc}); log:\n{text[-6000:]}"
     return json.loads(report.read_text())["phases"], text
