@@ -151,10 +151,9 @@ REPLY_SPIN_US = 300  # the default; KVSTORE_REPLY_SPIN_US overrides it (0: never
 
 def reply_spin() -> float:
     """Seconds the sync client polls for a master's reply before sleeping in recv (see
-    kvstore.rpc.client). On the benchmark's 2 vCPUs, 64 KiB single ops over 3 runs x 2
-    sets each way: puts 0.92-0.99x Mooncake's (medians) polling, 0.78-0.94x asleep;
-    same-host gets 97-125 µs p50 against 119-152 µs. A host short of cores for the
-    caller and a master on it may want less."""
+    kvstore.rpc.client). Polling won on the benchmark's small host (figures:
+    docs/client-internals.md); a host short of cores for the caller and a master on it
+    may want less."""
     raw = os.environ.get("KVSTORE_REPLY_SPIN_US", "")
     if not raw:
         return REPLY_SPIN_US / 1e6
