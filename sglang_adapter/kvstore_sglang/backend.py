@@ -234,13 +234,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         self.storage_config = storage_config
         self.stats = Stats()
         self.is_writer = bool(storage_config.is_storage_writer)
-        mla = bool(storage_config.is_mla_model)
-        self.shard = Shard(
-            model=self.settings.model_id or (storage_config.model_name or ""), mla=mla,
-            tp_size=storage_config.tp_size, tp_rank=-1 if mla else storage_config.tp_rank,
-            pp_size=storage_config.pp_size, pp_rank=storage_config.pp_rank,
-            cp_size=storage_config.attn_cp_size, cp_rank=storage_config.attn_cp_rank,
-            dcp_size=storage_config.dcp_size, dcp_rank=storage_config.dcp_rank)
+        self.shard = Shard.of(storage_config, self.settings.model_id)
         self._lock = threading.RLock()
         self._store = _Store(self.settings, self.stats)
         self._pins = PinTable()

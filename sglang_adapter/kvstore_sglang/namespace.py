@@ -11,7 +11,10 @@ model, the parallel shard (TP size and rank except for MLA, whose KV every TP ra
 holds whole; PP, attention-CP, DCP), the host pool's page geometry (page size in tokens,
 layout, dtype, layers, heads, head dims, bytes per object) and this package's format.
 Engines with equal namespaces and equal page keys produce equal keys; any difference
-gives disjoint keys, so a mismatched engine simply misses.
+gives disjoint keys, so a mismatched engine simply misses. The data-parallel rank is
+not part of it: DP replicas of one model hold the same KV for the same tokens (with
+DP attention, SGLang's tp_rank is already the rank inside the attention group), so
+they share pages, as two engines do.
 
 This module is pure: no SGLang, no I/O.
 """
@@ -22,6 +25,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from kvstore_sglang.errors import BadKey
 
@@ -46,6 +50,17 @@ class Shard:
     cp_rank: int
     dcp_size: int
     dcp_rank: int
+
+    @classmethod
+    def of(cls, config: Any, model_id: str = "") -> Shard:
+        """The shard of a HiCacheStorageConfig (SGLang's), `model_id` overriding its
+        model name."""
+        mla = bool(config.is_mla_model)
+        return cls(model=model_id or (config.model_name or ""), mla=mla,
+                   tp_size=config.tp_size, tp_rank=-1 if mla else config.tp_rank,
+                   pp_size=config.pp_size, pp_rank=config.pp_rank,
+                   cp_size=config.attn_cp_size, cp_rank=config.attn_cp_rank,
+                   dcp_size=getattr(config, "dcp_size", 1), dcp_rank=getattr(config, "dcp_rank", 0))
 
 
 @dataclass(frozen=True)
