@@ -25,10 +25,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,189 +37,15 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from kvstore_client import KVStoreClient, KVStoreError, Lease, LeaseExpired, PermissionDenied
-from kvstore_sglang.errors import (
-    BadKey,
-    KVStoreSGLangError,
-    NotRegistered,
-    PageSizeMismatch,
-    UnsupportedLayout,
-)
-from kvstore_sglang.namespace import Geometry, KeyMaker, Namespace, Shard
+from kvstore_sglang.errors import BadKey, KVStoreSGLangError, NotRegistered, PageSizeMismatch
+from kvstore_sglang.namespace import KeyMaker, Namespace, Shard
 from kvstore_sglang.pins import PinTable
+from kvstore_sglang.pool import PagePool
 from kvstore_sglang.settings import Settings
+from kvstore_sglang.stats import Stats
+from kvstore_sglang.store import StoreLink
 
 log = logging.getLogger("kvstore_sglang")
-
-# Layouts whose pages are contiguous buffers in the host pool, and whose flat page
-# (the generic API's tensor) is those buffers one after the other, in the order
-# get_page_buffer_meta lists them: the generic and the zero-copy calls then store the
-# same objects.
-LAYOUTS = ("page_first", "page_first_direct")
-
-# Latency samples kept per operation for get_stats.
-SAMPLES = 1024
-
-
-@dataclass
-class Stats:
-    """Counters since the backend was built (get_stats adds latency percentiles)."""
-
-    exists_calls: int = 0
-    pages_queried: int = 0
-    hits: int = 0  # pages batch_exists reported
-    misses: int = 0  # pages queried but not reported
-    pages_read: int = 0
-    pages_read_failed: int = 0
-    leased_reads: int = 0  # pages read under the lease their batch_exists took
-    lease_expired: int = 0  # pages whose lease ran out before the read
-    pages_written: int = 0
-    pages_write_failed: int = 0
-    pages_write_skipped: int = 0  # MLA ranks that are not the group's writer
-    bytes_read: int = 0
-    bytes_written: int = 0
-    store_down: int = 0  # times the store was found down
-    latency: dict[str, deque[float]] = field(default_factory=lambda: {
-        "exists": deque(maxlen=SAMPLES), "get": deque(maxlen=SAMPLES),
-        "set": deque(maxlen=SAMPLES)})
-
-    def snapshot(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if k != "latency"}
-        for op, samples in self.latency.items():
-            xs = sorted(samples)
-            out[f"{op}_p50_ms"] = 1e3 * xs[len(xs) // 2] if xs else 0.0
-            out[f"{op}_p99_ms"] = 1e3 * xs[min(len(xs) - 1, int(len(xs) * 0.99))] if xs else 0.0
-        return out
-
-
-class _Store:
-    """The client, built lazily, and whether the store is down right now."""
-
-    def __init__(self, settings: Settings, stats: Stats) -> None:
-        self.settings = settings
-        self.stats = stats
-        self.client: KVStoreClient | None = None
-        self.down_until = 0.0
-        self.down_reason = ""
-        self.buffers: list[Any] = []  # registered with every client built
-
-    def describe(self) -> str:
-        s = self.settings
-        return f"master={s.master}" if s.master else f"etcd={s.etcd} cluster={s.cluster}"
-
-    def get(self) -> KVStoreClient | None:
-        """The client, or None while the store counts as down."""
-        if time.monotonic() < self.down_until:
-            return None
-        if self.client is None:
-            self._connect()
-        return self.client
-
-    def _connect(self) -> None:
-        s = self.settings
-        token = Path(s.token_file).read_text().strip() if s.token_file else None
-        try:
-            client = KVStoreClient(
-                s.etcd, master=s.master or None, cluster=s.cluster, timeout=s.timeout,
-                host=s.host, protocol=s.protocol, device=s.device, same_host=s.same_host,
-                token=token, tls_ca=s.tls_ca or None, tls_server_name=s.tls_server_name or None)
-        except Exception as exc:  # any failure to connect is the store down
-            self.failed(exc)
-            return
-        try:
-            for buf in self.buffers:
-                client.register(buf)
-        except Exception as exc:
-            client.close()
-            self.failed(exc)
-            return
-        if self.down_reason:
-            log.info("kvstore_sglang: store %s reachable again", self.describe())
-        self.down_reason = ""
-        self.client = client
-
-    def register(self, buf: Any) -> None:
-        self.buffers.append(buf)
-        if self.client is not None:
-            self.client.register(buf)
-
-    def failed(self, exc: BaseException) -> None:
-        """The store did not answer: misses and failed writes for `retry_interval`."""
-        self.stats.store_down += 1
-        self.down_until = time.monotonic() + self.settings.retry_interval
-        reason = f"{type(exc).__name__}: {exc}"
-        if reason != self.down_reason:  # one line per outage, not one per call
-            log.warning("kvstore_sglang: store %s unavailable (%s); pages are misses and "
-                        "writes fail for the next %.0f s, then it is tried again",
-                        self.describe(), reason, self.settings.retry_interval)
-        self.down_reason = reason
-
-    def close(self) -> None:
-        if self.client is not None:
-            self.client.close()
-            self.client = None
-
-
-class _Pool:
-    """The registered host pool as the backend sees it: per page, the byte ranges of
-    its objects, as numpy views of the registered memory (zero-copy buffers)."""
-
-    def __init__(self, host_pool: Any) -> None:
-        layout = getattr(host_pool, "layout", None)
-        if layout not in LAYOUTS:
-            raise UnsupportedLayout(
-                f"KVStoreHiCacheStorage stores host pools with layout {' or '.join(LAYOUTS)}, "
-                f"got {layout!r}: start SGLang with --hicache-mem-layout page_first")
-        kv = getattr(host_pool, "kv_buffer", None)
-        if not isinstance(kv, torch.Tensor) or not kv.is_contiguous() or kv.device.type != "cpu":
-            raise UnsupportedLayout(
-                f"KVStoreHiCacheStorage needs the host pool's pages in one contiguous CPU "
-                f"tensor (kv_buffer); {type(host_pool).__name__} has none")
-        self.host_pool = host_pool
-        self.layout: str = layout
-        self.page_size = int(host_pool.page_size)
-        self.tensor = kv
-        self.base = int(kv.data_ptr())
-        self.flat = kv.view(-1).view(torch.uint8).numpy()  # shares the pool's memory
-        ptrs, sizes = host_pool.get_page_buffer_meta(torch.arange(self.page_size))
-        if not ptrs or len(ptrs) != len(sizes) or not all(isinstance(p, int) for p in ptrs):
-            raise UnsupportedLayout(
-                f"{type(host_pool).__name__} describes a page as {len(ptrs)} buffer(s) "
-                "this backend cannot store")
-        self.object_bytes = [int(n) for n in sizes]
-        self.objects = len(ptrs)
-        self.page_bytes = sum(self.object_bytes)
-
-    def geometry(self) -> Geometry:
-        pool = self.host_pool
-        heads = ",".join(f"{a}={getattr(pool, a)}" for a in (
-            "head_num", "head_dim", "v_head_dim", "kv_cache_dim", "kv_lora_rank",
-            "qk_rope_head_dim") if getattr(pool, a, None) is not None)
-        layers = ",".join(f"{a}={getattr(pool, a)}" for a in (
-            "layer_num", "start_layer", "end_layer") if getattr(pool, a, None) is not None)
-        return Geometry(pool=type(pool).__name__, layout=self.layout, dtype=str(pool.dtype),
-                        page_size=self.page_size, layers=layers, heads=heads,
-                        objects=self.objects,
-                        object_bytes=self.object_bytes[0] if len(set(self.object_bytes)) == 1
-                        else sum(self.object_bytes))
-
-    def buffers(self, host_indices: torch.Tensor, pages: int) -> list[np.ndarray]:
-        """The object buffers of `pages` pages at `host_indices` (page-size runs)."""
-        if host_indices.numel() != pages * self.page_size:
-            raise PageSizeMismatch(
-                f"{pages} page(s) of {self.page_size} tokens need {pages * self.page_size} "
-                f"host indices, got {host_indices.numel()}")
-        ptrs, sizes = self.host_pool.get_page_buffer_meta(host_indices)
-        if len(ptrs) != pages * self.objects:
-            raise PageSizeMismatch(f"the host pool gave {len(ptrs)} buffers for {pages} "
-                                   f"page(s), expected {pages * self.objects}")
-        flat, base, end = self.flat, self.base, self.flat.nbytes
-        out = []
-        for p, n in zip(ptrs, sizes, strict=True):
-            off = p - base
-            if off < 0 or off + n > end:
-                raise PageSizeMismatch(f"host index outside the registered pool ({p:#x})")
-            out.append(flat[off:off + n])
-        return out
 
 
 class KVStoreHiCacheStorage(HiCacheStorage):
@@ -236,9 +59,9 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         self.is_writer = bool(storage_config.is_storage_writer)
         self.shard = Shard.of(storage_config, self.settings.model_id)
         self._lock = threading.RLock()
-        self._store = _Store(self.settings, self.stats)
+        self._store = StoreLink(self.settings, self.stats)
         self._pins = PinTable()
-        self._pool: _Pool | None = None
+        self._pool: PagePool | None = None
         self._keys: KeyMaker | None = None
         self._staging: np.ndarray | None = None
         self._metrics: dict[str, list[Any]] = {"prefetch_pgs": [], "backup_pgs": [],
@@ -258,7 +81,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
             raise NotRegistered("KVStoreHiCacheStorage serves one host pool; build another "
                                 "backend for another pool")
         super().register_mem_pool_host(mem_pool_host)
-        pool = _Pool(mem_pool_host)
+        pool = PagePool(mem_pool_host)
         namespace = Namespace(self.shard, pool.geometry())
         with self._lock:
             self._pool = pool
@@ -273,7 +96,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
     def namespace(self) -> Namespace:
         return self._ready()[1].namespace
 
-    def _ready(self) -> tuple[_Pool, KeyMaker]:
+    def _ready(self) -> tuple[PagePool, KeyMaker]:
         if self._pool is None or self._keys is None:
             raise NotRegistered("KVStoreHiCacheStorage has no host pool yet: SGLang calls "
                                 "register_mem_pool_host(host_pool) right after creating it")
@@ -439,7 +262,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         self._note_write(ok, pool.page_bytes, t0)
         return all(ok)
 
-    def _page_target(self, tensor: Any, pool: _Pool, key: str) -> bool:
+    def _page_target(self, tensor: Any, pool: PagePool, key: str) -> bool:
         """Whether `tensor` can hold one page; if not, say why (a logged miss)."""
         if (not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu"
                 or not tensor.is_contiguous()):
@@ -455,7 +278,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         return True
 
     @staticmethod
-    def _split(flat: np.ndarray, pages: int, pool: _Pool) -> list[np.ndarray]:
+    def _split(flat: np.ndarray, pages: int, pool: PagePool) -> list[np.ndarray]:
         out = []
         off = 0
         for _ in range(pages):
