@@ -78,8 +78,8 @@ class DataPath:
         self.stats = stats
         self.clock = clock
         # The flows and the data path read the time through this: the production clock
-        # as time.monotonic itself (a method call around it costs ~0.1 µs, several
-        # times per get), any other clock through its `now`.
+        # as time.monotonic itself (a method call around it would cost more than the
+        # reading, several times per get), any other clock through its `now`.
         self.now: Callable[[], float] = (time.monotonic if type(clock) is MonotonicClock
                                          else clock.now)
         self._local_known: dict[Target, bool] = {}  # target -> reachable by memcpy
