@@ -64,9 +64,15 @@ class StoreLink:
         self.client = client
 
     def register(self, buf: Any) -> None:
+        """Register memory with this client and every later one. A failure is the store
+        down (the next client, built after `retry_interval`, registers it again)."""
         self.buffers.append(buf)
         if self.client is not None:
-            self.client.register(buf)
+            try:
+                self.client.register(buf)
+            except Exception as exc:  # the engine must start without the store
+                self.close()
+                self.failed(exc)
 
     def failed(self, exc: BaseException) -> None:
         """The store did not answer: misses and failed writes for `retry_interval`."""
