@@ -23,11 +23,26 @@ from typing import Any
 
 import grpc
 from etcd3aio import Etcd3Client
+from etcd3aio.errors import EtcdError
 from etcd3aio.kv import KVService, prefix_range_end
 
-from kvstore.errors import InvalidArgument, Unavailable
+from kvstore.errors import InvalidArgument, KVStoreError, Unavailable
 
 log = logging.getLogger(__name__)
+
+# What an unreachable or restarting etcd raises through this facade: the daemons retry
+# each of these (etcd3aio's own errors wrap grpc's once its retries are used up).
+ETCD_ERRORS: tuple[type[BaseException], ...] = (
+    EtcdError, KVStoreError, OSError, TimeoutError, grpc.aio.AioRpcError)
+
+# gRPC reconnects a failed channel with exponential backoff up to 120 s by default: after
+# an etcd outage of ten seconds, the channel would wait seconds more before trying again,
+# longer than a lease's TTL, and leases that etcd restored would expire unrefreshed.
+RECONNECT_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -85,6 +100,11 @@ class Etcd:
         tls = etcd_tls()
         self._client = Etcd3Client([endpoint], rpc_max_attempts=2, ca_cert=tls.get("ca_cert"),
                                    cert_key=tls.get("cert_key"), cert_chain=tls.get("cert_chain"))
+        # etcd3aio builds its channel from these when connect() runs; it has no argument
+        # for them.
+        manager = getattr(self._client, "_manager", None)
+        if manager is not None and isinstance(getattr(manager, "grpc_options", None), list):
+            manager.grpc_options.extend(RECONNECT_OPTIONS)
         self._connected = False
 
     async def __aenter__(self) -> Etcd:
@@ -171,14 +191,14 @@ class Etcd:
             with contextlib.suppress(Exception):
                 await lease.revoke(lease_id, timeout=self.timeout)
 
-    async def refresh(self, lease_id: int) -> int:
+    async def refresh(self, lease_id: int, timeout: float | None = None) -> int:
         """One keepalive round trip; returns the TTL etcd reports (<= 0: the lease is gone)."""
         lease = self._client.lease
         if lease is None:
             raise Unavailable("etcd client is closed")
         call = lease.keep_alive(lease_id)
         try:
-            async with asyncio.timeout(self.timeout):
+            async with asyncio.timeout(self.timeout if timeout is None else timeout):
                 async for resp in call:
                     return int(resp.TTL)
         finally:
@@ -208,8 +228,11 @@ class Etcd:
             await asyncio.sleep(interval)
             sent = loop.time()
             try:
-                remaining = await self.refresh(lease_id)
-            except (TimeoutError, grpc.aio.AioRpcError, Unavailable) as exc:
+                # Each try is bounded by the interval: when etcd comes back after an
+                # outage it restores the lease with one TTL to run, and a try still
+                # waiting on the old connection must not use that up.
+                remaining = await self.refresh(lease_id, min(self.timeout, max(interval, 0.5)))
+            except ETCD_ERRORS as exc:
                 log.warning("etcd lease %x keepalive failed: %s", lease_id, _reason(exc))
                 if loop.time() >= deadline and not confirm_loss:
                     on_lost()

@@ -263,11 +263,22 @@ class MasterDaemon:
     async def _adopt(self, node_id: str) -> int:
         """Adopt what a node says it holds; returns how many replicas were taken."""
         replicas = await self.links.inventory(node_id)
-        adopted = 0
+        adopted = refused = 0
         for r in replicas or ():
             code = self.core.adopt_replica(r.key, r.size, r.checksum, node_id, r.offset,
                                            r.tier or "dram")
             adopted += code == Code.OK
+            if code == Code.INVALID_ARGUMENT and (r.tier or "dram") == "dram":
+                # Its range overlaps what this leader placed there meanwhile (or the
+                # entry contradicts the index): the node must forget it, or a later
+                # leader could adopt it over the newer object.
+                self.links.queue(node_id, r, added=False)
+                refused += 1
+        if refused:
+            log.warning("node %s: %d inventory entries refused (ranges in use or a size/"
+                        "checksum the index disagrees with); the node drops them", node_id,
+                        refused)
+            self.links.kick([node_id])
         return adopted
 
     async def _follow_nodes(self, start_revision: int) -> None:

@@ -22,16 +22,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-import grpc
-
-from kvstore.coord.etcd import Etcd
+from kvstore.coord.etcd import ETCD_ERRORS, Etcd
 from kvstore.coord.layout import Layout, MasterRecord
-from kvstore.errors import KVStoreError
 
 log = logging.getLogger(__name__)
 
 # What an unreachable or restarting etcd raises here; each is retried, never fatal.
-RETRIED = (KVStoreError, OSError, TimeoutError, grpc.aio.AioRpcError)
+RETRIED = ETCD_ERRORS
 RETRY_PAUSE = 0.5  # s between tries while etcd is away
 
 

@@ -397,10 +397,13 @@ class StoreDaemon:
                             "again", self.node_id, self.lease_id, exc)
                 await asyncio.sleep(1.0)
                 continue  # the key is still ours: the next round binds it to a new lease
-            # The master dropped our replicas when the lease ended; so do we, or a later
-            # leader would adopt ranges it has since handed out again.
-            self.inventory.clear()
-            log.warning("node %s lost its etcd lease; re-announcing", self.node_id)
+            # The master dropped our replicas when the lease ended, but our DRAM still
+            # holds them: the inventory stays, and the leader adopts it again when we are
+            # mounted anew (before it places anything here; an entry it cannot take
+            # back, it tells us to drop). Clearing it lost every object of a node that
+            # outlived a long etcd outage.
+            log.warning("node %s lost its etcd lease; re-announcing with its inventory "
+                        "(%d objects)", self.node_id, len(self.inventory))
 
     async def _mount_at_leaders(self) -> None:
         """Mount at the leader named in etcd; mount again whenever the leader changes."""

@@ -13,8 +13,9 @@ def keeper(answers: list[object]) -> Etcd:
     """An Etcd whose refreshes follow `answers`: a TTL, or an exception to raise; the last
     answer repeats."""
     etcd = object.__new__(Etcd)
+    etcd.timeout = 5.0
 
-    async def refresh(lease_id: int) -> int:
+    async def refresh(lease_id: int, timeout: float | None = None) -> int:
         answer = answers.pop(0) if len(answers) > 1 else answers[0]
         if isinstance(answer, BaseException):
             raise answer
@@ -36,6 +37,8 @@ def run(etcd: Etcd, confirm_loss: bool, seconds: float) -> float | None:
         done, _ = await asyncio.wait({task}, timeout=seconds)
         if not done:
             task.cancel()
+        else:
+            task.result()  # a keep_alive that crashed fails the test, not passes it
 
     asyncio.run(main())
     return lost[0] if lost else None
