@@ -655,7 +655,7 @@ def stop_store(tmp: Path) -> FaultRow:
         victim.kill(signal.SIGCONT)
         resumed = time.monotonic()
         rejoin = fc.wait("node-0 back", lambda: fc.alive_nodes() == {"node-0", "node-1", "node-2"})
-        run.row.notes.append(f"node-0 rejoined (empty) {rejoin:.1f} s after SIGCONT")
+        run.row.notes.append(f"node-0 rejoined {rejoin:.1f} s after SIGCONT")
         run.serving()
         fc.wait("node-0 holds new objects", lambda: (fc.node_info("node-0") or pb.NodeInfo()).objects
                 > 0)
@@ -744,7 +744,7 @@ def drop_network(tmp: Path) -> FaultRow:
         restored = time.monotonic()
         run.row.notes.append(f"link down at {run.fault_at:.3f}, up at {restored:.3f}")
         rejoin = fc.wait("node-0 back", lambda: fc.alive_nodes() == {"node-0", "node-1", "node-2"})
-        run.row.notes.append(f"node-0 rejoined (empty) {rejoin:.1f} s after the link came back")
+        run.row.notes.append(f"node-0 rejoined {rejoin:.1f} s after the link came back")
         run.serving()
         fc.wait("node-0 holds new objects", lambda: (fc.node_info("node-0") or pb.NodeInfo()).objects
                 > 0)
