@@ -229,6 +229,8 @@ class Run:
             self.report.notes.append("daemon logs:\n" + self.c.logs())
         finally:
             self._placing.clear()
+            if placer is not None:
+                placer.join(timeout=2 * TIMEOUT)
             if probe is not None:
                 probe.stop()
             if traffic is not None:
