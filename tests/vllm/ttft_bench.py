@@ -43,7 +43,7 @@ def _saved(log: str) -> tuple[int, int]:
         return 0, 0
 
     def num(name: str) -> int:
-        m = re.search(rf"'{name}': ([0-9.]+)", lines[-1])
+        m = re.search(rf"\b{name}=([0-9.]+)", lines[-1])
         return int(float(m.group(1))) if m else 0
 
     return num("save_bytes"), num("save_blocks")
