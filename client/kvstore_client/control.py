@@ -34,12 +34,12 @@ from typing import Any, Literal
 import grpc
 import grpc.aio
 
+from kvstore.addresses import split_address
 from kvstore.coord.etcd import read_key_sync
 from kvstore.coord.layout import Layout, MasterRecord
 from kvstore.errors import Code, InvalidArgument, Unavailable, error_for
 from kvstore.rpc.aio_client import AsyncFastChannel
 from kvstore.rpc.client import PROBE_TIMEOUT, FastChannel, WrongLayer
-from kvstore.rpc.framing import split_address
 from kvstore.security.credentials import Credentials
 from kvstore.security.tls import speaks_tls, speaks_tls_async
 from kvstore.v1 import master_pb2 as pb

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from kvstore.coord.etcd import read_prefix_sync
 from kvstore.coord.layout import Layout, NodeRecord
-from kvstore.store.segment import boot_id
+from kvstore.host import boot_id
 
 
 @dataclass

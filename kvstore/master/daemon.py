@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 import grpc
 
+from kvstore.addresses import join_address, split_address
 from kvstore.coord.etcd import Etcd
 from kvstore.coord.layout import Layout, MasterRecord, NodeRecord
 from kvstore.errors import Code, InvalidArgument, KVStoreError
@@ -28,7 +29,6 @@ from kvstore.master.live_config import LiveConfig
 from kvstore.master.metrics import MasterMetrics
 from kvstore.master.nodes import NodeLinks
 from kvstore.master.service import MasterService, add_to_server
-from kvstore.rpc.framing import join_address, split_address
 from kvstore.rpc.server import FastServer
 from kvstore.security.access import Authenticator
 from kvstore.security.daemons import DaemonSecurity

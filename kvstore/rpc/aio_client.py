@@ -17,6 +17,7 @@ from typing import cast
 
 from google.protobuf.message import Message
 
+from kvstore.addresses import split_address
 from kvstore.errors import error_for
 from kvstore.rpc.client import PROBE_ID, PROBE_TAG, PROBE_TIMEOUT, WrongLayer
 from kvstore.rpc.framing import (
@@ -28,7 +29,6 @@ from kvstore.rpc.framing import (
     REPLY_OK,
     FrameDecoder,
     FrameError,
-    split_address,
 )
 from kvstore.rpc.methods import METHODS
 from kvstore.security.tls import speaks_tls_async

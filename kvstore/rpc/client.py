@@ -47,6 +47,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
+from kvstore.addresses import split_address
 from kvstore.errors import error_for
 from kvstore.rpc.framing import (
     HEADER,
@@ -55,7 +56,6 @@ from kvstore.rpc.framing import (
     ONE_WAY,
     REPLY_ERROR,
     REPLY_OK,
-    split_address,
 )
 from kvstore.rpc.methods import BY_ID, METHODS
 from kvstore.security.tls import speaks_tls

@@ -35,18 +35,6 @@ class FrameError(Exception):
     """The byte stream is not a sequence of frames this side accepts; drop the connection."""
 
 
-def split_address(address: str) -> tuple[str, int]:
-    """"HOST:PORT" or "[V6]:PORT" -> (host, port)."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"{address!r} is not HOST:PORT")
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
-def join_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def encode(request_id: int, tag: int, payload: bytes) -> bytes:
     return HEADER.pack(len(payload), request_id, tag) + payload
 

@@ -25,6 +25,7 @@ from typing import Any, cast
 
 from google.protobuf.message import DecodeError, Message
 
+from kvstore.addresses import join_address, split_address
 from kvstore.errors import Code, KVStoreError, Unauthenticated
 from kvstore.rpc.framing import (
     HEADER,
@@ -34,8 +35,6 @@ from kvstore.rpc.framing import (
     REPLY_OK,
     FrameDecoder,
     FrameError,
-    join_address,
-    split_address,
 )
 from kvstore.rpc.methods import BY_ID, Method
 from kvstore.security.access import OPEN, Principal

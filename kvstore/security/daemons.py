@@ -23,8 +23,8 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from kvstore.addresses import split_address
 from kvstore.errors import InvalidArgument, KVStoreError
-from kvstore.rpc.framing import split_address
 from kvstore.security.access import AccessList, Authenticator, Role
 from kvstore.security.tls import ClientTls, ServerTls
 

@@ -39,11 +39,12 @@ import grpc
 from kvstore.coord.etcd import Etcd
 from kvstore.coord.layout import Layout, MasterRecord, NodeRecord
 from kvstore.errors import AlreadyExists, InvalidArgument, KVStoreError
+from kvstore.host import boot_id
 from kvstore.security.access import Authenticator
 from kvstore.security.daemons import DaemonSecurity
 from kvstore.store import identity
 from kvstore.store.inventory import Inventory
-from kvstore.store.segment import DramSegment, boot_id
+from kvstore.store.segment import DramSegment
 from kvstore.store.service import StoreNodeService
 from kvstore.store.ssd import SsdTier
 from kvstore.store.tier_metrics import NodeCollector, TierCounters, serve_metrics

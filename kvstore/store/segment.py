@@ -123,10 +123,3 @@ def _populate(mapping: mmap.mmap, offset: int, length: int) -> bool:
     return True
 
 
-def boot_id() -> str:
-    """This kernel boot's id: same-host clients compare it before mapping a segment."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""

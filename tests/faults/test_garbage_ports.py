@@ -21,9 +21,9 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from kvstore.addresses import split_address
 from kvstore.coord.etcd import read_key_sync, read_prefix_sync
 from kvstore.coord.layout import Layout, MasterRecord, NodeRecord
-from kvstore.rpc.framing import split_address
 from kvstore.v1 import store_pb2 as spb
 from kvstore.v1 import store_pb2_grpc as spbg
 from kvstore_client import KVStoreClient

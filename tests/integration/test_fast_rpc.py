@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
+from kvstore.addresses import split_address
 from kvstore.coord.etcd import read_key_sync, read_prefix_sync
 from kvstore.coord.layout import Layout, MasterRecord
 from kvstore.errors import Code, KVStoreError
 from kvstore.rpc import FastChannel
-from kvstore.rpc.framing import HEADER, encode, split_address
+from kvstore.rpc.framing import HEADER, encode
 from kvstore.rpc.methods import METHODS
 from kvstore.v1 import master_pb2 as pb
 from kvstore_client import AsyncKVStoreClient, InvalidArgument, KVStoreClient

@@ -35,8 +35,8 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from cryptography.x509.verification import PolicyBuilder, Store
 
+from kvstore.addresses import split_address
 from kvstore.cli import build_parser
-from kvstore.rpc.framing import split_address
 from kvstore.security.access import AccessList, Role
 from kvstore.security.daemons import DaemonSecurity, is_loopback
 from kvstore.units import parse_size

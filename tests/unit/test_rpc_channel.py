@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from kvstore.addresses import join_address, split_address
 from kvstore.errors import Code, InvalidArgument
 from kvstore.master.core import CoreConfig, MasterCore, MonotonicClock
 from kvstore.master.metrics import MasterMetrics
@@ -29,8 +30,6 @@ from kvstore.rpc.framing import (
     REPLY_OK,
     FrameDecoder,
     encode,
-    join_address,
-    split_address,
 )
 from kvstore.rpc.methods import METHODS
 from kvstore.v1 import common_pb2 as cpb
