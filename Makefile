@@ -60,6 +60,7 @@ chaos: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy kvstore client/kvstore_client vllm_adapter/kvstore_vllm sglang_adapter/kvstore_sglang lmcache_adapter/kvstore_lmcache
 
 # The generated modules are committed inside the package (kvstore/v1/) and must equal

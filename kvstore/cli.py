@@ -7,7 +7,7 @@ import asyncio
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvstore import admin
 from kvstore.errors import InvalidArgument, KVStoreError
@@ -41,6 +41,15 @@ def _security(args: argparse.Namespace) -> DaemonSecurity:
         tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
         tls_client_ca=args.tls_client_ca, auth_file=args.auth_file, token_file=args.token_file,
         insecure=args.insecure, tls_server_name=args.tls_server_name)
+
+
+def _drain_mover(args: argparse.Namespace) -> Any:
+    """`kvstore drain` moves bytes through the client library. This command line is the
+    one place where the servers' package and the client meet (see the import contracts
+    in pyproject.toml)."""
+    from kvstore_client.mover import SoleCopyMover
+
+    return SoleCopyMover(args.etcd, args.master or None, args.cluster, args.timeout)
 
 
 def cmd_master(args: argparse.Namespace) -> int:
@@ -222,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.set_defaults(func=cmd_up)
 
     # status, nodes, capacity, evictions, keys, inspect, evict, drain, config
-    admin.register(sub)
+    admin.register(sub, make_mover=_drain_mover)
 
     t = sub.add_parser("token", help="make tokens for the access file (--auth-file)")
     tsub = t.add_subparsers(dest="token_command", required=True)

@@ -24,7 +24,7 @@ from typing import Any
 
 from kvstore.admin.cluster import capacity, nodes, status
 from kvstore.admin.connect import add_connection_args
-from kvstore.admin.drain import drain
+from kvstore.admin.drain import MakeMover, drain
 from kvstore.admin.eviction import evict, evictions
 from kvstore.admin.objects import inspect, keys
 from kvstore.admin.settings import config_get, config_set, config_unset
@@ -32,8 +32,9 @@ from kvstore.admin.settings import config_get, config_set, config_unset
 __all__ = ["register", "status"]
 
 
-def register(sub: Any) -> None:
-    """Add the admin subcommands to the `kvstore` parser's subparsers."""
+def register(sub: Any, make_mover: MakeMover | None = None) -> None:
+    """Add the admin subcommands to the `kvstore` parser's subparsers. `make_mover`: what
+    `drain` copies sole replicas with (a client of the store, handed in by the caller)."""
 
     def cmd(name: str, help_: str, func: Any) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = sub.add_parser(name, help=help_, description=help_)
@@ -63,6 +64,7 @@ def register(sub: Any) -> None:
     e.add_argument("--batch", type=int, default=1000, help="objects per call (default %(default)s)")
 
     d = cmd("drain", "empty a node: no new placements, then move or drop its objects", drain)
+    d.set_defaults(make_mover=make_mover)
     d.add_argument("node", metavar="NODE", help="node id, as `kvstore nodes` shows it")
     d.add_argument("--no-move", action="store_true",
                    help="drop objects whose only replica is on the node instead of copying them")

@@ -5,7 +5,7 @@
 2. The leader frees the node's replicas of objects that have another replica elsewhere
    (readers use that one), batch by batch.
 3. Objects whose only replica is on the node need their bytes copied, and the master
-   never touches bytes: this process reads them with a KVStoreClient, removes them and
+   never touches bytes: this process reads them with a client (the Mover), removes them and
    puts them again, which places them on the other nodes. Between the remove and the
    put a reader misses them (and recomputes): a cache may miss, never serve wrong bytes.
    With --no-move they are removed and reported gone instead.
@@ -16,11 +16,10 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from kvstore.admin.connect import Admin
 from kvstore.admin.output import ProgressBar, emit_json, key_json, size
@@ -28,80 +27,23 @@ from kvstore.coord.etcd import write_keys_sync
 from kvstore.errors import Code, InvalidArgument, KVStoreError
 from kvstore.v1 import master_pb2 as pb
 
-# One read-remove-put round holds this many bytes in this process at most.
-_MOVE_BATCH_BYTES = 32 << 20
-_MOVE_BATCH_KEYS = 256
+
+class Mover(Protocol):
+    """Copies sole replicas off a draining node. It moves bytes, so it is a client of the
+    store: the `kvstore` command hands one in (kvstore_client.mover.SoleCopyMover), and
+    this module never imports the client library."""
+
+    moved: int
+    moved_bytes: int
+    gone: list[tuple[bytes, str]]  # (key, why)
+    skipped: int
+
+    def move(self, sole: Sequence[tuple[bytes, int]]) -> int: ...
+
+    def close(self) -> None: ...
 
 
-class Mover:
-    """Copies sole replicas off a draining node through a client (lazily started: it
-    brings up a Transfer Engine)."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self._client: Any = None
-        self.moved = 0
-        self.moved_bytes = 0
-        self.gone: list[tuple[bytes, str]] = []  # (key, why)
-        self.skipped = 0  # pinned or unreadable this round; retried next round
-
-    def client(self) -> Any:
-        if self._client is None:
-            from kvstore_client import KVStoreClient
-
-            self._client = KVStoreClient(self.args.etcd, master=self.args.master or None,
-                                         cluster=self.args.cluster, timeout=self.args.timeout)
-        return self._client
-
-    def close(self) -> None:
-        if self._client is not None:
-            with contextlib.suppress(KVStoreError):
-                self._client.close()
-
-    def move(self, sole: Sequence[tuple[bytes, int]]) -> int:
-        """Move these objects; returns how many left the node (moved or gone)."""
-        done = 0
-        for batch in _batches(sole):
-            done += self._move_batch([k for k, _ in batch])
-        return done
-
-    def _move_batch(self, keys: list[bytes]) -> int:
-        client = self.client()
-        values = client.get_many(keys)
-        readable = [(k, v) for k, v in zip(keys, values, strict=True) if v is not None]
-        self.skipped += len(keys) - len(readable)
-        if not readable:
-            return 0
-        codes = client.remove_many([k for k, _ in readable])
-        removed = [(k, v) for (k, v), c in zip(readable, codes, strict=True) if c == Code.OK]
-        # IN_PROGRESS: pinned since we read it (next round); NOT_FOUND: evicted meanwhile
-        self.skipped += sum(1 for c in codes if c == Code.IN_PROGRESS)
-        left = sum(1 for c in codes if c == Code.NOT_FOUND)
-        if not removed:
-            return left
-        errors = client.put_many([k for k, _ in removed], [v for _, v in removed])
-        for (k, v), err in zip(removed, errors, strict=True):
-            if err is None:
-                self.moved += 1
-                self.moved_bytes += len(v)
-            else:
-                self.gone.append((k, f"re-put failed: {err}"))
-        return left + len(removed)
-
-
-def _batches(items: Sequence[tuple[bytes, int]]) -> list[list[tuple[bytes, int]]]:
-    out: list[list[tuple[bytes, int]]] = []
-    cur: list[tuple[bytes, int]] = []
-    nbytes = 0
-    for k, n in items:
-        if cur and (nbytes + n > _MOVE_BATCH_BYTES or len(cur) >= _MOVE_BATCH_KEYS):
-            out.append(cur)
-            cur, nbytes = [], 0
-        cur.append((k, n))
-        nbytes += n
-    if cur:
-        out.append(cur)
-    return out
+MakeMover = Callable[[argparse.Namespace], Mover]
 
 
 def _mark(admin: Admin, node_id: str, draining: bool) -> str:
@@ -137,7 +79,11 @@ def drain(args: argparse.Namespace) -> int:
             return 0
         admin.call("SetDraining", pb.SetDrainingRequest(node_id=node_id, draining=True))
         warning = _mark(admin, node_id, True)
-        mover = Mover(args)
+        make_mover: MakeMover | None = getattr(args, "make_mover", None)
+        if make_mover is None:
+            raise InvalidArgument("this build of `kvstore` cannot move objects (no client "
+                                  "library); use --no-move to drop them instead")
+        mover = make_mover(args)
         try:
             result = _drain_loop(admin, mover, node_id, args)
         finally:

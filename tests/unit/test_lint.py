@@ -22,3 +22,11 @@ def test_mypy_clean() -> None:
          "lmcache_adapter/kvstore_lmcache"],
         cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_import_contracts_kept() -> None:
+    """The one-way doors of pyproject.toml's [tool.importlinter]: adapters -> client ->
+    shared layer <- servers."""
+    lint = Path(sys.executable).parent / "lint-imports"
+    run = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
