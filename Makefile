@@ -5,12 +5,13 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip
 STAMP   := $(VENV)/.installed
+BASE    := $(VENV)/.installed-base
 # Tests run in a private network namespace holding only loopback: the Transfer Engine
 # listens on every interface whatever address it is given.
 NETNS   := unshare -n sh -c
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps run test soak chaos lint typecheck proto proto-check clean
+.PHONY: setup system-deps run test test-unit soak chaos lint proto clean
 
 setup: system-deps $(STAMP)
 
@@ -28,13 +29,19 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-# torch is installed first and alone, pinned, so that nothing later resolves a CUDA build.
-# vLLM (the CPU build) is installed for the connector's tests: see vllm_adapter/install_vllm.sh.
-$(STAMP): pyproject.toml vllm_adapter/install_vllm.sh sglang_adapter/install_sglang.sh lmcache_adapter/install_lmcache.sh
+# The project and its dev tools, without torch or any engine: enough for the servers, the
+# client, the unit tests and the linters (`make test-unit`, `make lint`).
+$(BASE): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[te,dev]'
+	touch $(BASE)
+
+# torch is installed alone and pinned before any engine, so that nothing resolves a CUDA
+# build. vLLM (the CPU build) is installed for the connector's tests: see
+# vllm_adapter/install_vllm.sh; SGLang and LMCache likewise.
+$(STAMP): $(BASE) vllm_adapter/install_vllm.sh sglang_adapter/install_sglang.sh lmcache_adapter/install_lmcache.sh
+	$(PIP) install -q torch==2.13.0
 	sh vllm_adapter/install_vllm.sh $(PY)
 	sh sglang_adapter/install_sglang.sh $(PY)
 	sh lmcache_adapter/install_lmcache.sh $(PY)
@@ -45,6 +52,11 @@ run: setup
 
 test: setup
 	$(NETNS) 'ip link set lo up && exec $(PY) -m pytest -q $(PYTEST_ARGS)'
+
+# The unit tests alone (no engine installed; about a minute): `make test-unit
+# PYTEST_ARGS='-k lease'` runs a subset.
+test-unit: system-deps $(BASE)
+	$(NETNS) 'ip link set lo up && exec $(PY) -m pytest -q tests/unit $(PYTEST_ARGS)'
 
 # Ten minutes of mixed traffic; RSS slope per daemon and leftovers (a 60 s version runs
 # in `make test`: tests/integration/test_soak.py).
@@ -58,7 +70,7 @@ ROUNDS ?= 40
 chaos: setup
 	$(NETNS) 'ip link set lo up && exec $(PY) -m tests.chaos.driver --seed $(SEED) --rounds $(ROUNDS)'
 
-lint: setup
+lint: $(BASE)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy kvstore client/kvstore_client vllm_adapter/kvstore_vllm sglang_adapter/kvstore_sglang lmcache_adapter/kvstore_lmcache
