@@ -18,8 +18,8 @@ import pytest
 from kvstore.errors import Code, Internal
 from kvstore.master.core import CoreConfig, Location, ManualClock, MasterCore
 from kvstore.master.core.allocator import ExtentAllocator
-from kvstore.master.core.results import location as _location
 from kvstore.master.core.objects import ObjectTable
+from kvstore.master.core.results import location as _location
 from kvstore.master.core.segments import OFFSET_BITS, OFFSET_MASK
 
 KiB = 1024
