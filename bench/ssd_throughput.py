@@ -108,7 +108,7 @@ def master_batches(dram: int, size: int, count: int) -> list[int]:
         results = core.put_start(keys, [size] * PUT_BATCH, [0] * PUT_BATCH)
         core.put_end([k for k, r in zip(keys, results, strict=True) if r.code == Code.OK])
         core.tick()  # the server's 100 ms tick: the watermark check
-        moves = core.drain_tier_moves()  # what the mover loop sends as one Move
+        moves = core.take_tier_moves()  # what the mover loop sends as one Move
         if moves:
             batches.append(len(moves))
         for m in moves:

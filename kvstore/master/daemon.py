@@ -77,7 +77,7 @@ class MasterDaemon:
         self.auth = Authenticator(self.security.access)
         self.service = MasterService(self.core, self.election, self.metrics, self.auth)
         self.links = NodeLinks(lambda: self.election.epoch, self.security)
-        self.recorder = Recorder(lambda: self.core.drain_replica_changes(), self.links,
+        self.recorder = Recorder(lambda: self.core.take_replica_changes(), self.links,
                                  opts.ack_timeout)
         self.service.recorder = self.recorder.record
         self._fast: FastServer | None = None
@@ -338,7 +338,7 @@ class MasterDaemon:
             await self._moves_wanted.wait()
             self._moves_wanted.clear()
             groups: dict[str, list[TierMove]] = {}
-            for m in self.core.drain_tier_moves():
+            for m in self.core.take_tier_moves():
                 groups.setdefault(m.node_id, []).append(m)
             for node_id, moves in groups.items():
                 task = asyncio.create_task(self._run_moves(node_id, moves))
@@ -346,7 +346,7 @@ class MasterDaemon:
                 task.add_done_callback(self._inflight.discard)
 
     def _queue_deltas(self) -> None:
-        queue_changes(self.links, self.core.drain_replica_changes())
+        queue_changes(self.links, self.core.take_replica_changes())
 
     async def _run_moves(self, node_id: str, moves: list[TierMove]) -> None:
         # Inventory changes made before these moves reach the node first (see flush_node).
@@ -373,7 +373,7 @@ class MasterDaemon:
             await asyncio.sleep(self.opts.tick_interval)
             try:
                 self.core.tick()
-                self.core.drain_events()
+                self.core.take_events()
                 self._moves_wanted.set()  # eviction in tick() may have queued demotions
                 # Frees from the tick's evictions; each node's sender delivers them in
                 # the background, so a slow node never delays the tick.

@@ -50,7 +50,7 @@ class Cluster:
         return self.core.put_end([key]) == [Code.OK]
 
     def apply(self) -> None:
-        changes = self.core.drain_replica_changes()
+        changes = self.core.take_replica_changes()
         rows = [(spb.Replica(key=c.key, offset=c.offset, size=c.size, checksum=c.checksum,
                              tier=c.tier), c.added) for c in changes]
         request = spb.ApplyRequest(epoch=1, add=[r for r, added in rows if added],
@@ -59,7 +59,7 @@ class Cluster:
 
     def move(self) -> int:
         """What the master's mover does: deliver the inventory changes, then the moves."""
-        moves = self.core.drain_tier_moves()
+        moves = self.core.take_tier_moves()
         self.apply()
         if not moves:
             return 0

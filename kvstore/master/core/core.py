@@ -308,10 +308,6 @@ class MasterCore:
         out, state.journal = state.journal, []
         return out
 
-    drain_events = take_events  # old name; removed once callers move
-    drain_tier_moves = take_tier_moves  # old name; removed once callers move
-    drain_replica_changes = take_replica_changes  # old name; removed once callers move
-
     # ------------------------------------------------------------------ failover seam
 
     def adopt_replica(
