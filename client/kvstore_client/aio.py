@@ -176,7 +176,7 @@ class AsyncKVStoreClient:
                 try:
                     step = flow.throw(error) if error is not None else flow.send(value)
                 except StopIteration as done:
-                    return done.value  # type: ignore[no-any-return]
+                    return done.value
                 value, error = None, None
                 try:
                     if isinstance(step, Rpc):

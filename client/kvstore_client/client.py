@@ -265,7 +265,7 @@ class KVStoreClient:
                 try:
                     step = flow.throw(error) if error is not None else flow.send(value)
                 except StopIteration as done:
-                    return done.value  # type: ignore[no-any-return]
+                    return done.value
                 value, error = None, None
                 if timer is not None:
                     timer(_phase(step))

@@ -217,7 +217,7 @@ class GrpcControl:
 
     def _failure(self, method: str, exc: grpc.RpcError) -> Exception:
         """Retry for what another attempt may fix, else the typed error."""
-        code = exc.code().name  # type: ignore[attr-defined]
+        code = exc.code().name
         if code not in RETRIABLE:
             return unanswered(method, self.address, code)
         if self._tls or not self._probed:

@@ -111,7 +111,7 @@ class Admin:
                 reply = getattr(stub, method)(request, timeout=self.timeout,
                                               metadata=self.creds.metadata())
             except grpc.RpcError as exc:
-                code = exc.code()  # type: ignore[attr-defined]
+                code = exc.code()
                 if code == grpc.StatusCode.UNIMPLEMENTED:
                     raise Unavailable(f"the master at {self.address} does not know {method}; "
                                       "upgrade it to this kvstore version") from exc

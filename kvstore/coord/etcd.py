@@ -277,7 +277,7 @@ def _range_sync(endpoint: str, key: bytes, range_end: bytes, timeout: float) -> 
                                          timeout=timeout)
         except grpc.RpcError as exc:
             raise Unavailable(
-                f"cannot reach etcd at {endpoint} ({exc.code().name}); "  # type: ignore[attr-defined]
+                f"cannot reach etcd at {endpoint} ({exc.code().name}); "
                 "start etcd or pass the right --etcd HOST:PORT"
             ) from exc
 
@@ -313,7 +313,7 @@ def write_keys_sync(endpoint: str, puts: dict[bytes, bytes], deletes: Sequence[b
             resp = KVStub(channel).Txn(TxnRequest(success=ops), timeout=timeout)
         except grpc.RpcError as exc:
             raise Unavailable(
-                f"cannot write to etcd at {endpoint} ({exc.code().name}); "  # type: ignore[attr-defined]
+                f"cannot write to etcd at {endpoint} ({exc.code().name}); "
                 "start etcd or pass the right --etcd HOST:PORT"
             ) from exc
     return int(resp.header.revision)

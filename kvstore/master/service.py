@@ -234,7 +234,7 @@ class MasterService(pbg.MasterServicer):
         for r in results:
             item = add()
             if r.code:
-                item.code = r.code  # type: ignore[assignment]
+                item.code = r.code
             if r.message:
                 item.message = r.message
             if r.placement:
@@ -375,7 +375,7 @@ class MasterService(pbg.MasterServicer):
             item = reply.items.add()
             info = self.core.inspect(key)
             if info is None:
-                item.code = int(Code.NOT_FOUND)  # type: ignore[assignment]
+                item.code = int(Code.NOT_FOUND)
             else:
                 _fill_object(item.object, info, now)
         return reply

@@ -145,10 +145,10 @@ class AsyncFastChannel:
                         fresh.transport.close()
                     self.connect_failures += 1
                     raise
-                if reply.error.code:  # type: ignore[attr-defined]
+                if reply.error.code:
                     if fresh.transport is not None:
                         fresh.transport.close()
-                    raise error_for(reply.error.code, reply.error.message)  # type: ignore[attr-defined]
+                    raise error_for(reply.error.code, reply.error.message)
             self._conn = fresh
             self.connects += 1
             self.connect_failures = 0

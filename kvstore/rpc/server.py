@@ -157,9 +157,9 @@ class _Connection(asyncio.Protocol):
             else:
                 try:
                     answer = self._handle(method.name, request, self.caller)
-                    if method.name == "Authenticate" and not answer.error.code:  # type: ignore[attr-defined]
+                    if method.name == "Authenticate" and not answer.error.code:
                         assert self._server.authenticate is not None
-                        self.caller = self._server.authenticate(request.token)  # type: ignore[attr-defined]
+                        self.caller = self._server.authenticate(request.token)
                     settle = self._server.settle
                     wait = None if settle is None else settle(method.name, answer)
                     if wait is not None:

@@ -104,10 +104,10 @@ class DaemonSecurity:
         interceptors = [TokenInterceptor(self.token)] if self.token else None
         if tls or self.peer_tls is not None:
             peer = self.peer_tls or ClientTls()  # no --tls-ca: the system's roots
-            return peer.secure_channel(address, options, aio=True,  # type: ignore[no-any-return]
+            return peer.secure_channel(address, options, aio=True,
                                        interceptors=interceptors)
         return grpc.aio.insecure_channel(address, options=options,
-                                         interceptors=interceptors)  # type: ignore[arg-type]
+                                         interceptors=interceptors)
 
     def node_interceptors(self, auth: Authenticator) -> list[grpc.aio.ServerInterceptor]:
         """For a store node's server: only node and admin tokens may call."""
@@ -116,7 +116,7 @@ class DaemonSecurity:
         return [RoleInterceptor(auth, {Role.NODE, Role.ADMIN})]
 
 
-class TokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+class TokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
     """Adds `authorization: Bearer <token>` to every call."""
 
     def __init__(self, token: str) -> None:
@@ -130,7 +130,7 @@ class TokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[mi
         return await continuation(details, request)
 
 
-class RoleInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class RoleInterceptor(grpc.aio.ServerInterceptor):
     """Refuses, with UNAUTHENTICATED or PERMISSION_DENIED, calls without a token of one
     of `roles`; the refusal names what is wrong, never the valid tokens."""
 

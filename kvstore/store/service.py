@@ -34,7 +34,7 @@ class StoreNodeService(spbg.StoreNodeServicer):
 
     async def Apply(self, request: spb.ApplyRequest, context: Any) -> spb.ApplyResponse:
         if not self.inventory.admit_epoch(request.epoch):
-            return _stale(spb.ApplyResponse)  # type: ignore[no-any-return]
+            return _stale(spb.ApplyResponse)
         self.inventory.apply(
             [(r.key, Held(r.offset, r.size, r.checksum)) for r in request.add if r.tier != "ssd"],
             [(r.key, r.offset) for r in request.drop if r.tier != "ssd"],
@@ -53,7 +53,7 @@ class StoreNodeService(spbg.StoreNodeServicer):
     async def Inventory(self, request: spb.InventoryRequest,
                         context: Any) -> spb.InventoryResponse:
         if not self.inventory.admit_epoch(request.epoch):
-            return _stale(spb.InventoryResponse)  # type: ignore[no-any-return]
+            return _stale(spb.InventoryResponse)
         replicas = [
             spb.Replica(key=k, offset=h.offset, size=h.size, checksum=h.checksum, tier="dram")
             for k, h in self.inventory.dram()
@@ -65,7 +65,7 @@ class StoreNodeService(spbg.StoreNodeServicer):
 
     async def Move(self, request: spb.MoveRequest, context: Any) -> spb.MoveResponse:
         if not self.inventory.admit_epoch(request.epoch):
-            return _stale(spb.MoveResponse)  # type: ignore[no-any-return]
+            return _stale(spb.MoveResponse)
         items = list(request.items)
         # Disk I/O runs in worker threads, several at once, off the event loop: the
         # node keeps answering the leader (and its etcd keepalive) meanwhile.

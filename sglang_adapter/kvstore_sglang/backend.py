@@ -423,7 +423,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         for name, values in self._metrics.items():
             getattr(metrics, name).extend(values)
             values.clear()
-        metrics.kvstore = snap  # type: ignore[attr-defined]
+        metrics.kvstore = snap
         return metrics
 
     def close(self) -> None:

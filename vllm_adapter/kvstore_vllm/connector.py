@@ -67,14 +67,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("vllm.kvstore_vllm")
 
 
-class KVStoreConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
+class KVStoreConnectorMetadata(KVConnectorMetadata):
     """Scheduler -> workers, once per step."""
 
     def __init__(self, plan: StepPlan) -> None:
         self.plan = plan
 
 
-class KVStoreWorkerMetadata(KVConnectorWorkerMetadata):  # type: ignore[misc]
+class KVStoreWorkerMetadata(KVConnectorWorkerMetadata):
     """Workers -> scheduler, once per step: the loads that finished, per request."""
 
     def __init__(self, reports: dict[str, LoadReport]) -> None:
@@ -87,7 +87,7 @@ class KVStoreWorkerMetadata(KVConnectorWorkerMetadata):  # type: ignore[misc]
 
 
 @dataclass
-class KVStoreConnectorStats(KVConnectorStats):  # type: ignore[misc]
+class KVStoreConnectorStats(KVConnectorStats):
     """Counters and timeline histograms; `data` is plain dicts and lists (see timeline)."""
 
     data: dict[str, Any] = field(default_factory=new_stats_data)
@@ -110,7 +110,7 @@ class KVStoreConnectorStats(KVConnectorStats):  # type: ignore[misc]
         return stats_empty(self.data)
 
 
-class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
+class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
     """Loads prefix KV from kvstore instead of recomputing it; saves what it computed."""
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
