@@ -96,6 +96,7 @@ class NodeRecord:
     shm_inode: int = 0  # ...if the file there is this memfd
     boot_id: str = ""  # ...and they run under the same kernel boot
     tls: bool = False  # its gRPC service serves TLS only
+    deltas: str = ""  # HOST:PORT of its delta channel (rpc/deltas.py); "": gRPC Apply only
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()

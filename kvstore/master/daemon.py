@@ -256,7 +256,7 @@ class MasterDaemon:
         except (ValueError, TypeError, KeyError, KVStoreError) as exc:
             log.error("ignoring a bad node record in etcd (%s): %r", exc, raw[:200])
             return None
-        self.links.set_node(node.node_id, node.service, node.tls)
+        self.links.set_node(node.node_id, node.service, node.tls, node.deltas)
         log.info("mounted node %s (%s, %d bytes)", node.node_id, node.segment, node.size)
         return node.node_id
 

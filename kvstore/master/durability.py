@@ -16,7 +16,8 @@ go in the same Apply).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from kvstore.errors import Code
@@ -43,7 +44,7 @@ class Recorder:
         self.held = 0  # replies that waited for a node
         self.refused = 0  # replies turned into UNAVAILABLE: not recorded in time
 
-    def record(self, method: str, reply: Any) -> Awaitable[None] | None:
+    def record(self, method: str, reply: Any) -> asyncio.Future[None] | None:
         """Queue what the call just changed; None if its reply may leave now, else an
         awaitable that returns once it may (having set `reply.error` if the change
         could not be recorded in time)."""
@@ -67,14 +68,42 @@ class Recorder:
         self.held += 1
         return self._settle(reply, added, dropped, marks)
 
-    async def _settle(self, reply: Any, added: dict[bytes, set[str]], dropped: set[str],
-                      marks: dict[str, Any]) -> None:
-        names = list(marks)
-        outcomes = await asyncio.gather(*(self._links.wait(marks[n], self.timeout)
-                                          for n in names))
-        got = dict(zip(names, outcomes, strict=True))
+    def _settle(self, reply: Any, added: dict[bytes, set[str]], dropped: set[str],
+                marks: dict[str, Any]) -> asyncio.Future[None]:
+        """A future resolved once every node answered (or the timeout passed), with the
+        reply's error set if the change is not recorded. Callbacks only: no task per
+        write, since every put waits here."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        got: dict[str, Applied] = {}
+        waiters = {n: self._links.waiter(m) for n, m in marks.items()}
+
+        def finish() -> None:
+            if done.done():
+                return
+            timer.cancel()
+            for n, w in waiters.items():
+                if n not in got:
+                    got[n] = w.result() if w.done() else Applied.LATE
+            self._judge(reply, added, dropped, got)
+            done.set_result(None)
+
+        def answered(name: str, w: asyncio.Future[Applied]) -> None:
+            got[name] = w.result()
+            if len(got) == len(waiters):
+                finish()
+
+        timer = loop.call_later(self.timeout, finish)
+        for n, w in waiters.items():
+            w.add_done_callback(functools.partial(answered, n))
+        if not waiters:
+            finish()
+        return done
+
+    def _judge(self, reply: Any, added: dict[bytes, set[str]], dropped: set[str],
+               got: dict[str, Applied]) -> None:
         # A node the leader has no link to cannot be told anything: nothing to wait for.
-        if any(got.get(n, Applied.YES) is Applied.STALE for n in names):
+        if any(a is Applied.STALE for a in got.values()):
             self._refuse(reply, Code.NOT_LEADER, "a newer leader has taken over the store "
                          "nodes; retry, the client finds the new leader")
             return

@@ -24,8 +24,11 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from kvstore.errors import Code
+from kvstore.addresses import split_address
+from kvstore.errors import Code, KVStoreError
+from kvstore.rpc.deltas import DeltaClient
 from kvstore.security.daemons import DaemonSecurity
+from kvstore.security.tls import ClientTls
 from kvstore.v1 import store_pb2 as spb
 from kvstore.v1 import store_pb2_grpc as spbg
 
@@ -60,6 +63,7 @@ class _Link:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     sender: asyncio.Task[None] | None = None
     stale: bool = False  # the node said a newer leader exists: nothing of ours holds
+    fast: DeltaClient | None = None  # the node's delta channel, when it announces one
 
 
 class NodeLinks:
@@ -72,9 +76,10 @@ class NodeLinks:
         self.applies = 0  # Apply calls that succeeded (deltas_sent / applies: the batching)
         self._closing: set[asyncio.Future[None]] = set()
 
-    def set_node(self, node_id: str, address: str, tls: bool = False) -> None:
+    def set_node(self, node_id: str, address: str, tls: bool = False, deltas: str = "") -> None:
         link = self._links.get(node_id)
-        if link is not None and link.address == address and link.tls == tls:
+        if link is not None and link.address == address and link.tls == tls and \
+                (link.fast.address if link.fast else "") == deltas:
             return
         if link is not None:
             self._retire(link, Applied.GONE)
@@ -83,8 +88,19 @@ class NodeLinks:
             return
         channel = self._security.channel(address, tls)
         link = _Link(address, channel, spbg.StoreNodeStub(channel), tls=tls)
+        if deltas:
+            link.fast = self._delta_client(deltas, tls)
         link.sender = asyncio.ensure_future(self._send_loop(node_id, link))
         self._links[node_id] = link
+
+    def _delta_client(self, address: str, tls: bool) -> DeltaClient:
+        # TLS as for the node's gRPC service (DaemonSecurity.channel): when the node says
+        # it serves TLS, and always when this master was given TLS material.
+        if tls or self._security.peer_tls is not None:
+            peer = self._security.peer_tls or ClientTls()
+            return DeltaClient(address, peer.ssl_context(),
+                               peer.hostname(split_address(address)[0]), self._security.token)
+        return DeltaClient(address, token=self._security.token)
 
     def drop_node(self, node_id: str) -> None:
         link = self._links.pop(node_id, None)
@@ -95,9 +111,10 @@ class NodeLinks:
         if link.sender is not None:
             link.sender.cancel()
         self._wake_waiters(link, why, everyone=True)
-        task = asyncio.ensure_future(link.channel.close())
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        for closing in (link.channel.close(), *((link.fast.close(),) if link.fast else ())):
+            task = asyncio.ensure_future(closing)
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     # -- queueing and delivery ----------------------------------------------------------
 
@@ -126,18 +143,25 @@ class NodeLinks:
             if link.applied < link.queued:
                 link.wake.set()
 
+    def waiter(self, mark: tuple[_Link, int]) -> asyncio.Future[Applied]:
+        """A future that says when (and how) the node of `mark` applied everything queued
+        up to it. No task and no timer: the node's sender resolves it."""
+        link, seq = mark
+        future: asyncio.Future[Applied] = asyncio.get_running_loop().create_future()
+        if link.stale:
+            future.set_result(Applied.STALE)
+        elif link.applied >= seq:
+            future.set_result(Applied.YES)
+        elif link.sender is None or link.sender.done():
+            future.set_result(Applied.GONE)
+        else:
+            link.waiters.append((seq, future))
+            link.wake.set()
+        return future
+
     async def wait(self, mark: tuple[_Link, int], timeout: float) -> Applied:
         """Wait until the node of `mark` applied everything queued up to it."""
-        link, seq = mark
-        if link.stale:
-            return Applied.STALE
-        if link.applied >= seq:
-            return Applied.YES
-        if link.sender is None or link.sender.done():
-            return Applied.GONE
-        future: asyncio.Future[Applied] = asyncio.get_running_loop().create_future()
-        link.waiters.append((seq, future))
-        link.wake.set()
+        future = self.waiter(mark)
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
         except TimeoutError:
@@ -197,12 +221,19 @@ class NodeLinks:
 
     async def _apply(self, node_id: str, link: _Link, add: list[spb.Replica],
                      drop: list[spb.Replica]) -> Applied:
+        request = spb.ApplyRequest(epoch=self._epoch(), add=add, drop=drop)
         try:
-            reply = await link.stub.Apply(spb.ApplyRequest(epoch=self._epoch(), add=add,
-                                                           drop=drop), timeout=APPLY_TIMEOUT)
+            if link.fast is not None:
+                reply = await link.fast.apply(request, APPLY_TIMEOUT)
+            else:
+                reply = await link.stub.Apply(request, timeout=APPLY_TIMEOUT)
         except grpc.aio.AioRpcError as exc:
             log.warning("inventory delta to node %s failed (%s); will retry", node_id,
                         exc.code().name)
+            return Applied.LATE
+        except (OSError, EOFError, TimeoutError, KVStoreError) as exc:
+            log.warning("inventory delta to node %s failed (%s); will retry", node_id,
+                        getattr(exc, "message", None) or type(exc).__name__)
             return Applied.LATE
         if reply.error.code == Code.NOT_LEADER:
             log.error("node %s says a newer leader exists: %s", node_id, reply.error.message)
@@ -252,4 +283,6 @@ class NodeLinks:
             self._wake_waiters(link, Applied.GONE, everyone=True)
             with contextlib.suppress(Exception):
                 await link.channel.close()
+            if link.fast is not None:
+                await link.fast.close()
         self._links.clear()

@@ -12,10 +12,11 @@ bounded by the batch size, so there is no lock to take.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import grpc
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 
 Body = Callable[[Any], Message]
 # (method, reply) -> None if the reply may leave at once, else what to await first.
-Settle = Callable[[str, Any], "Awaitable[None] | None"]
+Settle = Callable[[str, Any], "asyncio.Future[None] | None"]
 
 
 class Leadership(Protocol):
@@ -183,7 +184,7 @@ class MasterService(pbg.MasterServicer):
         latency.observe(time.perf_counter() - t0)
         return reply
 
-    def settle(self, method: str, reply: Any) -> Awaitable[None] | None:
+    def settle(self, method: str, reply: Any) -> asyncio.Future[None] | None:
         """What `reply` must wait for before it leaves (None: nothing). Both transports
         call it right after `handle`, before the next call runs: the changes a write
         made are then still the journal's newest."""

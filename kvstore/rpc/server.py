@@ -20,7 +20,8 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Awaitable, Callable
+from collections import deque
+from collections.abc import Callable
 from typing import Any, cast
 
 from google.protobuf.message import DecodeError, Message
@@ -46,7 +47,7 @@ Handler = Callable[[str, Message, "Principal | KVStoreError"], Message]
 Authenticate = Callable[[str], Principal]  # token -> principal, or raises Unauthenticated
 # (method, reply) -> None if the reply may go at once, else what to await before it goes
 # (the master's writes wait for the store nodes to record them: see MasterService.settle).
-Settle = Callable[[str, Message], "Awaitable[None] | None"]
+Settle = Callable[[str, Message], "asyncio.Future[None] | None"]
 
 _NOT_YET = Unauthenticated(
     "this master requires a token: the connection must call Authenticate first (the "
@@ -68,9 +69,9 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self.peer = "?"
         self.caller: Principal | KVStoreError = OPEN if server.authenticate is None else _NOT_YET
-        # The last reply that waits (see Settle): later replies go after it, since a
-        # client reads a connection's replies in the order it asked.
-        self._held: asyncio.Task[None] | None = None
+        # Replies behind one that waits (see Settle), in order: a client reads a
+        # connection's replies in the order it asked.
+        self._held: deque[bytes | tuple[asyncio.Future[None], int, Message]] = deque()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
@@ -105,44 +106,51 @@ class _Connection(asyncio.Protocol):
             transport.close()
             return
         out: list[bytes] = []
+        held = self._held
         for request_id, tag, payload in frames:
             reply = self._dispatch(request_id, tag, payload)
             if reply is None:
                 continue
-            if isinstance(reply, bytes) and self._held is None:
+            if isinstance(reply, bytes) and not held:
                 out.append(reply)
                 continue
             if out:
                 transport.write(b"".join(out))
                 out = []
-            self._held = asyncio.ensure_future(self._send_later(self._held, reply))
+            held.append(reply)
+            if not isinstance(reply, bytes):
+                reply[0].add_done_callback(self._settled)
         if out:
             transport.write(out[0] if len(out) == 1 else b"".join(out))
+        if held:
+            self._settled()
 
-    async def _send_later(self, before: asyncio.Task[None] | None,
-                          reply: bytes | tuple[Awaitable[None], int, Message]) -> None:
-        if before is not None:
-            with contextlib.suppress(Exception):
-                await before
-        if isinstance(reply, tuple):
-            wait, request_id, answer = reply
-            try:
-                await wait
-                frame = answer.SerializeToString()
-                frame = HEADER.pack(len(frame), request_id, REPLY_OK) + frame
-            except Exception:  # the wait sets errors on the reply; this is a bug
-                log.exception("fast channel: settling a reply failed")
-                frame = _error_frame(request_id, Code.INTERNAL, "the master failed to "
-                                     "record the change; see its log")
-        else:
-            frame = reply
-        if self._transport is not None:
-            self._transport.write(frame)
-        if self._held is asyncio.current_task():
-            self._held = None
+    def _settled(self, _: object = None) -> None:
+        """Send the held replies from the front, up to the first still waiting."""
+        held = self._held
+        out: list[bytes] = []
+        while held:
+            head = held[0]
+            if isinstance(head, bytes):
+                out.append(head)
+            else:
+                wait, request_id, answer = head
+                if not wait.done():
+                    break
+                if wait.cancelled() or wait.exception() is not None:
+                    log.error("fast channel: settling a reply failed: %r",
+                              None if wait.cancelled() else wait.exception())
+                    out.append(_error_frame(request_id, Code.INTERNAL, "the master failed "
+                                            "to record the change; see its log"))
+                else:
+                    frame = answer.SerializeToString()
+                    out.append(HEADER.pack(len(frame), request_id, REPLY_OK) + frame)
+            held.popleft()
+        if out and self._transport is not None:
+            self._transport.write(b"".join(out))
 
     def _dispatch(self, request_id: int, tag: int,
-                  payload: bytes) -> bytes | tuple[Awaitable[None], int, Message] | None:
+                  payload: bytes) -> bytes | tuple[asyncio.Future[None], int, Message] | None:
         method: Method | None = BY_ID.get(tag)
         if method is None:
             code, message = Code.INVALID_ARGUMENT, (
@@ -164,10 +172,7 @@ class _Connection(asyncio.Protocol):
                     wait = None if settle is None else settle(method.name, answer)
                     if wait is not None:
                         if request_id == ONE_WAY:  # nobody reads the reply: just let it run
-                            task = asyncio.ensure_future(wait)
-                            self._server.background.add(task)
-                            task.add_done_callback(self._server.background.discard)
-                            return None
+                            return None  # it settles by itself
                         return wait, request_id, answer
                     reply = answer.SerializeToString()
                 except Exception:  # handle() maps every error; a bug must not kill the loop
@@ -190,7 +195,6 @@ class FastServer:
                  tls: ssl.SSLContext | None = None, settle: Settle | None = None) -> None:
         self.handle = handle
         self.settle = settle
-        self.background: set[asyncio.Future[None]] = set()  # settles nobody waits for
         self.authenticate = authenticate  # None: no tokens, every connection is OPEN
         self.tls = tls
         self.max_frame = max_frame

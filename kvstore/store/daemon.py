@@ -38,9 +38,10 @@ import grpc
 
 from kvstore.coord.etcd import Etcd
 from kvstore.coord.layout import Layout, MasterRecord, NodeRecord
-from kvstore.errors import AlreadyExists, InvalidArgument, KVStoreError
+from kvstore.errors import AlreadyExists, InvalidArgument, KVStoreError, PermissionDenied
 from kvstore.host import boot_id
-from kvstore.security.access import Authenticator
+from kvstore.rpc.deltas import DeltaServer
+from kvstore.security.access import Authenticator, Role
 from kvstore.security.daemons import DaemonSecurity
 from kvstore.store import identity
 from kvstore.store.inventory import Inventory
@@ -102,6 +103,8 @@ class StoreDaemon:
         self.counters = TierCounters()
         self.server: grpc.aio.Server | None = None
         self.service_address = ""
+        self._deltas: DeltaServer | None = None
+        self.deltas_address = ""
         self.security = opts.security or DaemonSecurity()
         self.auth = Authenticator(self.security.access)
 
@@ -114,7 +117,7 @@ class StoreDaemon:
             ssd_capacity=self.ssd.capacity_bytes if self.ssd is not None else 0,
             shm_path=self.segment.shm_path,
             shm_inode=os.fstat(self.segment.fd).st_ino, boot_id=boot_id(),
-            tls=self.security.tls,
+            tls=self.security.tls, deltas=self.deltas_address,
         )
 
     async def run(self) -> int:
@@ -354,6 +357,19 @@ class StoreDaemon:
         host = listen.rpartition(":")[0]
         self.service_address = f"{host}:{port}"
         await self.server.start()
+        # The leader's deltas, on the put path: a plain stream beside gRPC (rpc/deltas.py).
+        tls = self.security.server_tls
+        self._deltas = DeltaServer(lambda request: service.Apply(request, None),
+                                   self._admit if self.auth.required else None,
+                                   tls.ssl_context() if tls else None)
+        self.deltas_address = await self._deltas.start(host.strip("[]") or "127.0.0.1")
+
+    def _admit(self, token: str) -> None:
+        """Deltas come from the master (node role) or an operator (admin role) only."""
+        principal = self.auth.principal(token)
+        if principal.role not in (Role.NODE, Role.ADMIN):
+            raise PermissionDenied(f"token {principal.name!r} has role {principal.role.value}; "
+                                   "store nodes take deltas from the master only")
 
     async def _announce_forever(self) -> None:
         """Hold a lease-bound announcement in etcd; re-announce if the lease is ever lost.
@@ -463,6 +479,8 @@ class StoreDaemon:
         await self.etcd.close()
         if self.server is not None:
             await self.server.stop(grace=0.5)
+        if self._deltas is not None:
+            await self._deltas.close()
         if self.transfer is not None:
             self.transfer.close()
         if self.ssd is not None:
