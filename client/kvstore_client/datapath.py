@@ -190,7 +190,7 @@ class DataPath:
                 t.done = True
             return t.failed
 
-    def _finish(self, t: Ticket, sleep: Callable[[float], None]) -> None:
+    def _finish(self, t: Ticket, sleep: Callable[[float], None]) -> None:  # noqa: C901 (one poll loop over every piece state; split, the states scatter)
         write, failed = t.write, t.failed
         for local, items in t.local:
             for x in items:

@@ -71,7 +71,7 @@ SLOW: Final = Slow()
 SPIN_AFTER: Final = 0.0005
 
 
-def read_one(st: ClientState, control: Any, key: bytes, dest: Dest | None,
+def read_one(st: ClientState, control: Any, key: bytes, dest: Dest | None,  # noqa: C901 (hand-inlined on purpose: see the module doc)
              timeout: float) -> memoryview | Slow | None:
     """Read `key` early into `dest` (the staging buffer when None): the view holding the
     verified object, None for a miss, or SLOW (nothing decided; see the module doc).
