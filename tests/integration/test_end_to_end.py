@@ -94,14 +94,13 @@ def test_a_store_node_stops_promptly_while_it_reserves_its_dram(cluster_factory:
     while "reserving its" not in node.log.read_text():
         assert node.alive() and time.monotonic() < deadline, node.log.read_text()[-2000:]
         time.sleep(0.005)
-    sent = time.monotonic()
     node.popen.send_signal(signal.SIGTERM)
     assert node.popen.wait(timeout=30) == 0
-    took = time.monotonic() - sent
     log = node.log.read_text()
+    # It stopped between two steps, not after the whole reservation (which a wall-clock
+    # bound tried to say, and a loaded machine broke).
     assert "stopped while reserving its DRAM segment" in log, log[-2000:]
     assert "DRAM segment reserved" not in log
-    assert took < 5.0, took  # a step or two of 1 GiB, not the rest of the reservation
 
 
 def _time_wait() -> int:
