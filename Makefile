@@ -11,7 +11,7 @@ BASE    := $(VENV)/.installed-base
 NETNS   := unshare -n sh -c
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps run test test-unit soak chaos lint proto clean
+.PHONY: setup system-deps run test test-unit test-vllm-next soak chaos lint proto clean
 
 setup: system-deps $(STAMP)
 
@@ -57,6 +57,17 @@ test: setup
 # PYTEST_ARGS='-k lease'` runs a subset.
 test-unit: system-deps $(BASE)
 	$(NETNS) 'ip link set lo up && exec $(PY) -m pytest -q tests/unit $(PYTEST_ARGS)'
+
+# The connector against the next vLLM's scheduler and connector API (vllm==0.33.0, a
+# CUDA wheel: unpacked beside the venv, not installed, ~1 GB; its engine does not run here).
+VLLM_NEXT := $(VENV)/vllm-0.33.0
+test-vllm-next: setup
+	test -d $(VLLM_NEXT)/vllm || { $(PIP) download -q --no-deps -d $(VLLM_NEXT).dl vllm==0.33.0 && \
+	  $(PY) -m zipfile -e $(VLLM_NEXT).dl/vllm-0.33.0-*.whl $(VLLM_NEXT) && rm -rf $(VLLM_NEXT).dl; }
+	$(NETNS) 'ip link set lo up && PYTHONPATH=$(VLLM_NEXT) exec $(PY) -m pytest -q -p no:cacheprovider \
+	  tests/vllm/test_keys.py tests/vllm/test_scheduler.py tests/vllm/test_worker.py \
+	  tests/vllm/test_multi.py tests/vllm/test_hybrid.py tests/vllm/test_tp.py \
+	  tests/vllm/test_groups.py tests/vllm/test_promise.py'
 
 # Ten minutes of mixed traffic; RSS slope per daemon and leftovers (a 60 s version runs
 # in `make test`: tests/integration/test_soak.py).
