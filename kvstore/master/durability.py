@@ -25,8 +25,9 @@ from kvstore.master.core import ReplicaChange
 from kvstore.master.nodes import Applied, NodeLinks
 from kvstore.v1 import store_pb2 as spb
 
-# Calls whose OK promises a change a new leader must find.
-RECORDED_CALLS = frozenset({"PutEnd", "PutCommit", "Remove"})
+# Calls whose OK promises a change a new leader must find (PutStart: only where it
+# found the key already stored, see `record`).
+RECORDED_CALLS = frozenset({"PutStart", "PutEnd", "PutCommit", "Remove"})
 
 
 def queue_changes(links: NodeLinks, changes: list[ReplicaChange]) -> None:
@@ -44,27 +45,35 @@ class Recorder:
         self.held = 0  # replies that waited for a node
         self.refused = 0  # replies turned into UNAVAILABLE: not recorded in time
 
-    def record(self, method: str, reply: Any) -> asyncio.Future[None] | None:
-        """Queue what the call just changed; None if its reply may leave now, else an
-        awaitable that returns once it may (having set `reply.error` if the change
-        could not be recorded in time)."""
+    def record(self, method: str, reply: Any,
+               stored: dict[bytes, set[str]] | None = None) -> asyncio.Future[None] | None:
+        """Queue what the call just changed; None if its reply may leave now, else a
+        future resolved once it may (having set `reply.error` if the change could not be
+        recorded in time). `stored`: keys the call found already stored, with the nodes
+        holding them; their record is waited for too, so that a retry of a write whose
+        reply said "not recorded" is not acknowledged before the record lands."""
         changes = self._take()
-        if not changes:
+        if not changes and not stored:
             return None
         queue_changes(self._links, changes)
         if method not in RECORDED_CALLS or reply.error.code:
             self._links.kick({c.node_id for c in changes})
             return None
-        added: dict[bytes, set[str]] = {}
+        added: dict[bytes, set[str]] = {k: set(ns) for k, ns in (stored or {}).items()}
         dropped: set[str] = set()
         for c in changes:
             if c.added:
                 added.setdefault(c.key, set()).add(c.node_id)
-            else:
+            elif method == "Remove":  # an eviction inside a put is no promise
                 dropped.add(c.node_id)
+        if not added and not dropped:
+            self._links.kick({c.node_id for c in changes})
+            return None
         nodes = {n for ns in added.values() for n in ns} | dropped
         marks = {n: m for n in nodes if (m := self._links.mark(n)) is not None}
         self._links.kick(marks)
+        if not any(link.stale or link.applied < seq for link, seq in marks.values()):
+            return None  # all recorded already (a stored key whose record has landed)
         self.held += 1
         return self._settle(reply, added, dropped, marks)
 

@@ -36,7 +36,14 @@ log = logging.getLogger(__name__)
 
 Body = Callable[[Any], Message]
 # (method, reply) -> None if the reply may leave at once, else what to await first.
-Settle = Callable[[str, Any], "asyncio.Future[None] | None"]
+
+
+
+class Recorder(Protocol):
+    """kvstore.master.durability.Recorder.record."""
+
+    def __call__(self, method: str, reply: Any,
+                 stored: dict[bytes, set[str]]) -> asyncio.Future[None] | None: ...
 
 
 class Leadership(Protocol):
@@ -108,7 +115,11 @@ class MasterService(pbg.MasterServicer):
         self._caller: Principal = OPEN
         # Set by the daemon (kvstore.master.durability): holds the replies of writes
         # until the store nodes have recorded them. None: replies leave at once.
-        self.recorder: Settle | None = None
+        self.recorder: Recorder | None = None
+        # Keys the call being handled found already stored, with the nodes holding them:
+        # its OK must wait for their record too (a retry after a write that was not
+        # recorded in time finds the key stored, and must not be acknowledged sooner).
+        self._stored: dict[bytes, set[str]] = {}
         bodies: dict[str, Body] = {
             "PutStart": self.put_start,
             "PutEnd": self.put_end,
@@ -148,6 +159,7 @@ class MasterService(pbg.MasterServicer):
         """Run one RPC: who calls (a principal, or why the caller was refused), role
         check, leadership check, body, epoch stamp, error mapping, metrics."""
         body, response, latency = self._routes[method]
+        self._stored = {}
         t0 = time.perf_counter()
         leadership = self.leadership
         epoch = leadership.epoch
@@ -188,8 +200,9 @@ class MasterService(pbg.MasterServicer):
         """What `reply` must wait for before it leaves (None: nothing). Both transports
         call it right after `handle`, before the next call runs: the changes a write
         made are then still the journal's newest."""
+        stored, self._stored = self._stored, {}
         recorder = self.recorder
-        return None if recorder is None else recorder(method, reply)
+        return None if recorder is None else recorder(method, reply, stored)
 
     async def _handle_settled(self, method: str, request: Any, context: Any) -> Any:
         reply = self.handle(method, request, self.caller_of(context.invocation_metadata()))
@@ -197,6 +210,13 @@ class MasterService(pbg.MasterServicer):
         if wait is not None:
             await wait
         return reply
+
+    def _note_stored(self, keys: list[bytes], codes: Iterable[int]) -> None:
+        for key, code in zip(keys, codes, strict=False):
+            if code == Code.ALREADY_EXISTS:
+                info = self.core.inspect(key)
+                if info is not None and info.locations:
+                    self._stored[key] = {loc.node_id for loc in info.locations}
 
     def _keys(self, keys: Iterable[bytes]) -> list[bytes]:
         """The caller's keys as the core stores them: a client's under its tenant."""
@@ -226,10 +246,13 @@ class MasterService(pbg.MasterServicer):
     # -- writes ---------------------------------------------------------------------
 
     def put_start(self, request: pb.PutStartRequest) -> pb.PutStartResponse:
+        keys = self._keys(request.keys)
         results = self.core.put_start(
-            self._keys(request.keys), list(request.sizes), list(request.checksums),
+            keys, list(request.sizes), list(request.checksums),
             replicas=request.replicas or None, writer=request.writer, ahead=request.ahead,
         )
+        if not request.ahead:
+            self._note_stored(keys, [r.code for r in results])
         reply = pb.PutStartResponse(put_timeout=self.core.config.put_timeout)
         add = reply.items.add
         for r in results:
@@ -256,15 +279,20 @@ class MasterService(pbg.MasterServicer):
         return pb.CodesResponse(codes=codes)  # type: ignore[arg-type]  # a Code is an int
 
     def put_end(self, request: pb.KeysRequest) -> pb.CodesResponse:
-        return self._codes(self.core.put_end(self._keys(request.keys), request.writer))
+        keys = self._keys(request.keys)
+        codes = self.core.put_end(keys, request.writer)
+        self._note_stored(keys, codes)
+        return self._codes(codes)
 
     def put_revoke(self, request: pb.KeysRequest) -> pb.CodesResponse:
         return self._codes(self.core.put_revoke(self._keys(request.keys), request.writer))
 
     def put_commit(self, request: pb.PutCommitRequest) -> pb.CodesResponse:
-        return self._codes(self.core.put_commit(
-            self._keys(request.placeholders), self._keys(request.keys), list(request.sizes),
-            list(request.checksums), request.writer))
+        keys = self._keys(request.keys)
+        codes = self.core.put_commit(self._keys(request.placeholders), keys,
+                                     list(request.sizes), list(request.checksums), request.writer)
+        self._note_stored(keys, codes)
+        return self._codes(codes)
 
     def remove(self, request: pb.RemoveRequest) -> pb.CodesResponse:
         return self._codes(self.core.remove(self._keys(request.keys), force=request.force))
@@ -426,7 +454,7 @@ class MasterService(pbg.MasterServicer):
     # -- the gRPC servicer: the public contract, same handlers -------------------------
 
     async def PutStart(self, request: pb.PutStartRequest, context: Any) -> pb.PutStartResponse:
-        return self.handle("PutStart", request, self.caller_of(context.invocation_metadata()))
+        return await self._handle_settled("PutStart", request, context)
 
     async def PutEnd(self, request: pb.KeysRequest, context: Any) -> pb.CodesResponse:
         return await self._handle_settled("PutEnd", request, context)

@@ -194,3 +194,33 @@ def test_a_node_unreachable_for_a_while_gets_the_deltas_in_order() -> None:
         assert [r.key for r in calls[-1].add] == [b"k1", b"k2"]
         await links.close()
     run(main())
+
+
+def test_a_key_found_stored_waits_for_its_record_still_in_flight() -> None:
+    """A retry after a write whose reply said "not recorded in time" finds the key
+    stored; its OK must still wait for the first write's record."""
+    async def main() -> None:
+        links, nodes = links_with("a")
+        journal = [commit("a", b"k")]
+        rec = Recorder(taker(journal), links, timeout=0.05)
+        nodes["a"].gate.clear()  # the node is slow
+        first = pb.CodesResponse()
+        wait = rec.record("PutEnd", first)
+        assert wait is not None
+        await wait
+        assert first.error.code == Code.UNAVAILABLE  # not recorded in time
+        retry = pb.CodesResponse(codes=[Code.ALREADY_EXISTS])
+        wait = rec.record("PutEnd", retry, {b"k": {"a"}})
+        assert wait is not None, "the retry was acknowledged before the record landed"
+        nodes["a"].gate.set()
+        rec.timeout = 30
+        again = rec.record("PutStart", pb.PutStartResponse(), {b"k": {"a"}})
+        if again is not None:
+            await again
+        await links.close()
+        # once recorded, a key found stored is acknowledged at once
+        links2, _ = links_with("a")
+        assert Recorder(taker([]), links2, 30).record("PutStart", pb.PutStartResponse(),
+                                                      {b"k": {"a"}}) is None
+        await links2.close()
+    run(main())
