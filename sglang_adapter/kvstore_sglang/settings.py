@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from kvstore_client.config_values import coerce
 from kvstore_sglang.errors import ConfigError
 
 # Read by SGLang, not by us: the dynamic factory's three, the controller's switch to
@@ -66,16 +67,7 @@ class Settings:
         for name, value in extra.items():
             default = known[name].default
             try:
-                if isinstance(default, bool):
-                    values[name] = _as_bool(value)
-                elif isinstance(default, int):
-                    values[name] = int(value)
-                elif isinstance(default, float):
-                    values[name] = float(value)
-                else:
-                    if not isinstance(value, str):
-                        raise ValueError(f"expected a string, got {value!r}")
-                    values[name] = value
+                values[name] = coerce(default, value, strings_only=True)
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"extra-config key {name!r}: {exc}") from exc
         s = cls(**values)
@@ -85,14 +77,3 @@ class Settings:
         if s.staging_bytes <= 0:
             raise ConfigError(f"extra-config key 'staging_bytes' must be > 0, got {s.staging_bytes}")
         return s
-
-
-def _as_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no",
-                                                    "off"):
-        return value.lower() in ("1", "true", "yes", "on")
-    if isinstance(value, int):
-        return bool(value)
-    raise ValueError(f"expected a boolean, got {value!r}")

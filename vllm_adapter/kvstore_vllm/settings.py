@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from kvstore_client.config_values import coerce
+
 ROLES = ("kv_both", "kv_producer", "kv_consumer")
 
 
@@ -70,14 +72,7 @@ class Settings:
         for name, value in extra.items():
             default = known[name].default
             try:
-                if isinstance(default, bool):
-                    values[name] = _as_bool(value)
-                elif isinstance(default, int):
-                    values[name] = int(value)
-                elif isinstance(default, float):
-                    values[name] = float(value)
-                else:
-                    values[name] = str(value)
+                values[name] = coerce(default, value)
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"kv_connector_extra_config option {name!r}: {exc}") from exc
         s = cls(**values)
@@ -85,17 +80,6 @@ class Settings:
             if getattr(s, name) <= 0:
                 raise ValueError(f"kv_connector_extra_config option {name!r} must be > 0")
         return s
-
-
-def _as_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no",
-                                                    "off"):
-        return value.lower() in ("1", "true", "yes", "on")
-    if isinstance(value, int):
-        return bool(value)
-    raise ValueError(f"expected a boolean, got {value!r}")
 
 
 def role_flags(kv_role: str | None) -> tuple[bool, bool]:
