@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 ETCD_ERRORS: tuple[type[BaseException], ...] = (
     EtcdError, KVStoreError, OSError, TimeoutError, grpc.aio.AioRpcError)
 
+RETRY_LOG = 5.0  # s between log lines while etcd cannot be reached
+
 # gRPC reconnects a failed channel with exponential backoff up to 120 s by default: after
 # an etcd outage of ten seconds, the channel would wait seconds more before trying again,
 # longer than a lease's TTL, and leases that etcd restored would expire unrefreshed.
@@ -125,6 +127,27 @@ class Etcd:
                 f"cannot reach etcd at {self.endpoint} ({_reason(exc)}); "
                 "start etcd or pass the right --etcd HOST:PORT"
             ) from exc
+
+    async def connect_until(self, stop: asyncio.Event, who: str) -> bool:
+        """Connect, however long etcd is away (a daemon never exits for that); False if
+        `stop` was set first. A line in the log every RETRY_LOG seconds. A bad argument
+        (InvalidArgument) is not an outage: it is raised."""
+        loop = asyncio.get_running_loop()
+        last_log = -RETRY_LOG
+        while not stop.is_set():
+            try:
+                await self.connect()
+                return True
+            except InvalidArgument:
+                raise
+            except ETCD_ERRORS as exc:
+                if loop.time() - last_log >= RETRY_LOG:
+                    log.warning("%s: %s; retrying until it answers", who,
+                                exc.message if isinstance(exc, KVStoreError) else exc)
+                    last_log = loop.time()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+        return False
 
     async def close(self) -> None:
         if self._connected:

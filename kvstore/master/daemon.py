@@ -98,7 +98,7 @@ class MasterDaemon:
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload_access)
         self.security.check_exposure(self.opts.listen, self.opts.fast_listen)
-        if not await self._connect_etcd():
+        if not await self.etcd.connect_until(self._stop, f"master {self.record.master_id}"):
             return 0
         self.server = grpc.aio.server(options=GRPC_OPTIONS)
         add_to_server(self.service, self.server)
@@ -159,21 +159,6 @@ class MasterDaemon:
         await self.etcd.close()
         log.info("master stopped (exit 0)")
         return 0
-
-    async def _connect_etcd(self) -> bool:
-        """Connect, waiting for etcd as long as it takes (False: told to stop first)."""
-        tries = 0
-        while not self._stop.is_set():
-            try:
-                await self.etcd.connect()
-                return True
-            except RETRIED as exc:
-                if tries % 10 == 0:
-                    log.warning("%s; retrying until it answers", getattr(exc, "message", exc))
-                tries += 1
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), RETRY_PAUSE * 2)
-        return False
 
     async def _end_term(self) -> None:
         """Stop what this master ran as leader (membership, ticks, moves)."""

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from kvstore.coord.etcd import Etcd
+from kvstore.coord.etcd import RETRY_LOG, Etcd
 from kvstore.coord.layout import Layout, MasterRecord, NodeRecord
 from kvstore.errors import AlreadyExists, InvalidArgument, KVStoreError, PermissionDenied
 from kvstore.host import boot_id
@@ -56,7 +56,6 @@ from kvstore.v1 import store_pb2_grpc as spbg
 
 log = logging.getLogger(__name__)
 PREFAULT_PROGRESS = 10.0  # s between progress lines while the DRAM segment is reserved
-ETCD_RETRY_LOG = 5.0  # s between log lines while etcd cannot be reached
 PROBE_TIMEOUT = 1.0  # s a previous incarnation of our id has to answer a probe...
 PROBE_ATTEMPTS = 3  # ...of this many before it is fenced (a busy node answers one of them)
 # Any method name works: a live node answers UNIMPLEMENTED, and nothing runs there.
@@ -145,7 +144,7 @@ class StoreDaemon:
                    else "new, recorded in")
             log.info("node %s: node id %s %s", self.node_id, how,
                      ", ".join(str(d) for d in ident.dirs))
-        if not await self._reach_etcd():
+        if not await self.etcd.connect_until(self._stop, f"node {self.node_id}"):
             return 0
         try:
             if not await self._refuse_live_namesake():
@@ -193,35 +192,15 @@ class StoreDaemon:
         await self._leave()
         return FENCED_EXIT if self._fenced else 0
 
-    async def _reach_etcd(self) -> bool:
-        """Connect to etcd, however long it is away; False if told to stop meanwhile."""
-        last_log = -ETCD_RETRY_LOG
-        while not self._stop.is_set():
-            try:
-                await self.etcd.connect()
-                return True
-            except InvalidArgument:
-                raise
-            except Exception as exc:  # Unavailable, and whatever the client raises
-                now = time.monotonic()
-                if now - last_log >= ETCD_RETRY_LOG:
-                    reason = exc.message if isinstance(exc, KVStoreError) else str(exc)
-                    log.warning("node %s: %s; retrying until it answers", self.node_id, reason)
-                    last_log = now
-                self.etcd = Etcd(self.opts.etcd)  # a fresh client: the failed one is closed
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), 1.0)
-        return False
-
     async def _read_own_key(self) -> tuple[bool, bytes | None]:
         """(read, value) of this node id's key; retried while etcd fails, until stopped."""
-        last_log = -ETCD_RETRY_LOG
+        last_log = -RETRY_LOG
         while not self._stop.is_set():
             try:
                 return True, await self.etcd.get(self.layout.node(self.node_id))
             except Exception as exc:  # etcd away: keep trying, as everywhere else
                 now = time.monotonic()
-                if now - last_log >= ETCD_RETRY_LOG:
+                if now - last_log >= RETRY_LOG:
                     log.warning("node %s: reading its etcd record failed (%s); retrying",
                                 self.node_id, exc)
                     last_log = now

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 
@@ -10,6 +11,7 @@ import grpc
 
 from kvstore.coord.etcd import read_key_sync
 from kvstore.coord.layout import Layout, MasterRecord
+from kvstore.devcluster import free_port
 from kvstore.errors import Code
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
@@ -261,3 +263,27 @@ def test_etcd_away_past_the_lease_heals_without_a_supervisor(cluster_factory: Cl
     assert all(master.alive() and s.alive() for s in c.stores), c.logs()
     assert got == [value(i) for i in range(100)], "the cache did not survive the outage"
     print(f"serving again {served:.2f} s after etcd's return")
+
+
+def test_a_master_started_before_etcd_waits_for_it(cluster_factory: Cluster) -> None:
+    """A supervisor may start the master before etcd is up (or etcd is away at boot): the
+    master waits for it instead of exiting, and leads once it answers."""
+    c = cluster_factory
+    etcd = c.procs[0]
+    etcd.kill(signal.SIGKILL)
+    port = free_port()
+    master = c.spawn("master-0", [sys.executable, "-m", "kvstore", "master", "--etcd", c.etcd,
+                                  "--listen", f"127.0.0.1:{port}", "--etcd-lease-ttl",
+                                  str(ETCD_TTL)])
+    c.masters.append((master, f"127.0.0.1:{port}"))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "retrying until it answers" not in master.log.read_text():
+        time.sleep(0.1)
+    assert master.alive(), c.logs()
+    assert "retrying until it answers" in master.log.read_text(), c.logs()
+    c.spawn("etcd-again", etcd.cmd)
+    c.start_store("128MiB")
+    c.wait_nodes(1)
+    with KVStoreClient(etcd=c.etcd, timeout=15) as client:
+        client.put(b"late-etcd", b"x")
+        assert client.get(b"late-etcd") == b"x"
