@@ -28,7 +28,6 @@ from kvstore.addresses import split_address
 from kvstore.errors import Code, KVStoreError
 from kvstore.rpc.deltas import DeltaClient
 from kvstore.security.daemons import DaemonSecurity
-from kvstore.security.tls import ClientTls
 from kvstore.v1 import store_pb2 as spb
 from kvstore.v1 import store_pb2_grpc as spbg
 
@@ -94,13 +93,12 @@ class NodeLinks:
         self._links[node_id] = link
 
     def _delta_client(self, address: str, tls: bool) -> DeltaClient:
-        # TLS as for the node's gRPC service (DaemonSecurity.channel): when the node says
-        # it serves TLS, and always when this master was given TLS material.
-        if tls or self._security.peer_tls is not None:
-            peer = self._security.peer_tls or ClientTls()
-            return DeltaClient(address, peer.ssl_context(),
-                               peer.hostname(split_address(address)[0]), self._security.token)
-        return DeltaClient(address, token=self._security.token)
+        # TLS as for the node's gRPC service (DaemonSecurity.channel).
+        peer = self._security.peer_tls_for(tls)
+        if peer is None:
+            return DeltaClient(address, token=self._security.token)
+        return DeltaClient(address, peer.ssl_context(), peer.hostname(split_address(address)[0]),
+                           self._security.token)
 
     def drop_node(self, node_id: str) -> None:
         link = self._links.pop(node_id, None)

@@ -96,14 +96,22 @@ class DaemonSecurity:
             return server.add_insecure_port(listen)
         return server.add_secure_port(listen, self.server_tls.grpc_credentials())
 
+    def peer_tls_for(self, tls: bool) -> ClientTls | None:
+        """How to reach a peer whose record says `tls`: TLS if it serves TLS, and always
+        when this daemon was given TLS material (an etcd entry must not talk it into
+        sending its token in the clear); None: plaintext."""
+        if tls or self.peer_tls is not None:
+            return self.peer_tls or ClientTls()  # no --tls-ca: the system's roots
+        return None
+
     def channel(self, address: str, tls: bool,
                 options: list[tuple[str, Any]] | None = None) -> grpc.aio.Channel:
         """An asyncio channel to a peer daemon, with our token on every call. TLS if the
         peer's etcd record says it serves TLS, and always when this daemon was given TLS
         material: an etcd entry must not talk it into sending its token in the clear."""
         interceptors = [TokenInterceptor(self.token)] if self.token else None
-        if tls or self.peer_tls is not None:
-            peer = self.peer_tls or ClientTls()  # no --tls-ca: the system's roots
+        peer = self.peer_tls_for(tls)
+        if peer is not None:
             return peer.secure_channel(address, options, aio=True,
                                        interceptors=interceptors)
         return grpc.aio.insecure_channel(address, options=options,
