@@ -30,6 +30,7 @@ from kvstore.rpc.framing import (
     REPLY_OK,
     FrameDecoder,
     FrameError,
+    error_frame,
 )
 from kvstore.v1 import common_pb2 as cpb
 from kvstore.v1 import store_pb2 as spb
@@ -41,11 +42,6 @@ TAG_APPLY = 2  # payload: an ApplyRequest
 
 Apply = Callable[[spb.ApplyRequest], Awaitable[spb.ApplyResponse]]
 Admit = Callable[[str], None]  # raises KVStoreError unless the token may send deltas
-
-
-def _error(request_id: int, code: Code, message: str) -> bytes:
-    payload = cpb.Error(code=int(code), message=message).SerializeToString()  # type: ignore[arg-type]
-    return HEADER.pack(len(payload), request_id, REPLY_ERROR) + payload
 
 
 class _NodeSide(asyncio.Protocol):
@@ -93,20 +89,20 @@ class _NodeSide(asyncio.Protocol):
                 if admit is not None:
                     admit(payload.decode(errors="replace"))
             except KVStoreError as exc:
-                return _error(request_id, exc.code, exc.message)
+                return error_frame(request_id, exc.code, exc.message)
             self._admitted = True
             return HEADER.pack(0, request_id, REPLY_OK)
         if not self._admitted:
-            return _error(request_id, Code.UNAUTHENTICATED,
+            return error_frame(request_id, Code.UNAUTHENTICATED,
                           "this store node requires a node or admin token")
         if tag != TAG_APPLY:
-            return _error(request_id, Code.INVALID_ARGUMENT, f"unknown delta frame tag {tag}")
+            return error_frame(request_id, Code.INVALID_ARGUMENT, f"unknown delta frame tag {tag}")
         try:
             request = spb.ApplyRequest.FromString(payload)
             reply = (await self._server.apply(request)).SerializeToString()
         except Exception as exc:  # a bad frame or a bug must not stop the node
             log.exception("delta channel: Apply failed")
-            return _error(request_id, Code.INTERNAL, f"Apply failed on the node ({exc})")
+            return error_frame(request_id, Code.INTERNAL, f"Apply failed on the node ({exc})")
         return HEADER.pack(len(reply), request_id, REPLY_OK) + reply
 
 

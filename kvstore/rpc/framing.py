@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import struct
 
+from kvstore.v1 import common_pb2 as cpb
+
 HEADER = struct.Struct("<IIH")
 HEADER_SIZE = HEADER.size
 MAX_FRAME = 64 << 20  # the gRPC channels' message limit too
@@ -33,6 +35,12 @@ Frame = tuple[int, int, bytes]  # (request id, tag, payload)
 
 class FrameError(Exception):
     """The byte stream is not a sequence of frames this side accepts; drop the connection."""
+
+
+def error_frame(request_id: int, code: int, message: str) -> bytes:
+    """A REPLY_ERROR frame: the request was not run, and why."""
+    payload = cpb.Error(code=code, message=message).SerializeToString()  # type: ignore[arg-type]
+    return HEADER.pack(len(payload), request_id, REPLY_ERROR) + payload
 
 
 def encode(request_id: int, tag: int, payload: bytes) -> bytes:

@@ -32,14 +32,13 @@ from kvstore.rpc.framing import (
     HEADER,
     MAX_FRAME,
     ONE_WAY,
-    REPLY_ERROR,
     REPLY_OK,
     FrameDecoder,
     FrameError,
+    error_frame,
 )
 from kvstore.rpc.methods import BY_ID, Method
 from kvstore.security.access import OPEN, Principal
-from kvstore.v1 import common_pb2 as cpb
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +51,6 @@ Settle = Callable[[str, Message], "asyncio.Future[None] | None"]
 _NOT_YET = Unauthenticated(
     "this master requires a token: the connection must call Authenticate first (the "
     "client library does so when given token= or KVSTORE_TOKEN)")
-
-
-def _error_frame(request_id: int, code: Code, message: str) -> bytes:
-    payload = cpb.Error(code=int(code), message=message).SerializeToString()  # type: ignore[arg-type]
-    return HEADER.pack(len(payload), request_id, REPLY_ERROR) + payload
 
 
 class _Connection(asyncio.Protocol):
@@ -140,7 +134,7 @@ class _Connection(asyncio.Protocol):
                 if wait.cancelled() or wait.exception() is not None:
                     log.error("fast channel: settling a reply failed: %r",
                               None if wait.cancelled() else wait.exception())
-                    out.append(_error_frame(request_id, Code.INTERNAL, "the master failed "
+                    out.append(error_frame(request_id, Code.INTERNAL, "the master failed "
                                             "to record the change; see its log"))
                 else:
                     frame = answer.SerializeToString()
@@ -184,7 +178,7 @@ class _Connection(asyncio.Protocol):
                     return HEADER.pack(len(reply), request_id, REPLY_OK) + reply
         if request_id == ONE_WAY:
             return None
-        return _error_frame(request_id, code, message)
+        return error_frame(request_id, code, message)
 
 
 class FastServer:
