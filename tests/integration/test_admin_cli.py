@@ -294,7 +294,7 @@ def test_config_set_changes_eviction_live(small: Cluster) -> None:
     keys = [f"c{i}".encode() for i in range(32)]
     with KVStoreClient(etcd=small.etcd) as c:
         assert c.put_many(keys, [value(i, MiB) for i in range(32)]) == [None] * 32  # 50%
-        time.sleep(0.5)
+        time.sleep(0.5)  # a window for a wrong eviction to show (it is one that must not)
         assert kvjson(small, "evictions")["tiers"][0]["evicted"]["total"] == 0
 
         out = kvjson(small, "config", "set", "evict_high", "0.4", "evict_low", "0.25")

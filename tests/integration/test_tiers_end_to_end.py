@@ -15,6 +15,7 @@ import pytest
 from kvstore.devcluster import free_port
 from kvstore_client import KVStoreClient
 from tests.conftest import Cluster
+from tests.unit.polling import wait_until
 
 MiB = 1 << 20
 
@@ -97,7 +98,12 @@ def test_restart_on_the_same_ssd_dir_keeps_the_ssd_objects(
     c.wait_nodes(0, timeout=30)  # its etcd lease ran out: everything it held is gone
     c.start_store("16MiB", "--ssd-dir", str(ssd_dir), "--ssd", "256MiB", node_id="tiered")
     c.wait_nodes(2)
-    time.sleep(0.5)  # the leader adopts the node's re-indexed SSD inventory
+
+    def adopted() -> bool:  # the leader adopts the node's re-indexed SSD inventory
+        return any(n.tier == "ssd" and n.objects >= on_ssd for n in c.status().nodes)
+
+    wait_until(adopted, what=lambda: f"the leader counts the {on_ssd} SSD objects; logs:\n"
+               + c.logs())
     with KVStoreClient(etcd=c.etcd) as reader:  # never wrote anything
         # Read in request-sized batches: one batch must fit in DRAM to be promoted.
         got = [v for lo in range(0, 40, 4) for v in reader.get_many(keys[lo:lo + 4])]

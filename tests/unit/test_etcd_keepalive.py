@@ -27,7 +27,8 @@ def keeper(answers: list[object]) -> Etcd:
 
 
 def run(etcd: Etcd, confirm_loss: bool, seconds: float) -> float | None:
-    """Seconds until on_lost ran, or None if it had not after `seconds`."""
+    """Seconds until on_lost ran, or None if it had not after `seconds` (keep_alive
+    returns once it ran, so a generous `seconds` costs nothing where it does)."""
     lost: list[float] = []
     t0 = time.monotonic()
 
@@ -45,8 +46,8 @@ def run(etcd: Etcd, confirm_loss: bool, seconds: float) -> float | None:
 
 
 def test_unreachable_etcd_ends_the_lease_at_its_deadline() -> None:
-    took = run(keeper([Unavailable("etcd down")]), confirm_loss=False, seconds=3.0)
-    assert took is not None and took > 0.9  # at the deadline, not before (ended within 3 s)
+    took = run(keeper([Unavailable("etcd down")]), confirm_loss=False, seconds=60.0)
+    assert took is not None and took > 0.9  # at the deadline, not before
 
 
 def test_with_confirm_loss_an_outage_does_not_end_the_lease() -> None:
@@ -56,5 +57,5 @@ def test_with_confirm_loss_an_outage_does_not_end_the_lease() -> None:
 
 
 def test_with_confirm_loss_etcd_saying_the_lease_is_gone_ends_it() -> None:
-    took = run(keeper([Unavailable("etcd down")] * 5 + [0]), confirm_loss=True, seconds=3.0)
+    took = run(keeper([Unavailable("etcd down")] * 5 + [0]), confirm_loss=True, seconds=60.0)
     assert took is not None and took > 1.5  # after the outage, at etcd's answer

@@ -13,6 +13,7 @@ from kvstore.master.nodes import NodeLinks
 from kvstore.v1 import common_pb2 as cpb
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import store_pb2 as spb
+from tests.unit.polling import wait_until_async
 
 
 class FakeNode:
@@ -160,7 +161,7 @@ def test_reads_and_failed_writes_do_not_wait() -> None:
         assert rec.record("PutStart", pb.PutStartResponse()) is None  # an eviction's free
         assert rec.record("PutEnd", pb.CodesResponse()) is None  # nothing changed
         nodes["a"].gate.set()
-        await asyncio.sleep(0.01)
+        await wait_until_async(lambda: nodes["a"].calls, what="the delta reached the node")
         assert [r.key for r in nodes["a"].calls[0].drop] == [b"k"]  # still delivered
         await links.close()
     run(main())

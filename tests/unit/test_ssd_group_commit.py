@@ -154,6 +154,8 @@ def test_a_write_after_a_flush_started_waits_for_the_next_flush(
 
     t2 = threading.Thread(target=second)
     t2.start()
+    # A window for a wrong early return to show (nothing to poll for: the right outcome
+    # is that nothing happens); under load it catches less, it cannot fail wrongly.
     time.sleep(0.2)
     assert not second_done.is_set()  # object 1 is not covered by the running flush
     flush.release.set()
@@ -260,7 +262,7 @@ def test_a_killed_writer_leaves_only_verifiable_objects(tmp_path: Path) -> None:
                              stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None and child.stdout.readline() == "ready\n"
-        time.sleep(0.1)
+        time.sleep(0.1)  # the scenario: killed at some point while it writes on
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(10)
@@ -325,7 +327,7 @@ def test_move_acknowledges_a_batch_only_after_one_flush(
             assert not task.done(), "Move answered without flushing"
             assert time.monotonic() < deadline
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # a window for a wrong early answer to show
         assert not task.done()  # no answer while the flush has not returned
         assert node.tier.stats().unsynced_objects == len(node.items)
         assert node.counters.demotions == 0

@@ -15,6 +15,7 @@ import pytest
 import kvstore.transfer
 from kvstore.errors import Unavailable
 from kvstore.transfer import LIVENESS_ENV, POOL_ENV, TIMEOUT_ENV, Transfer
+from tests.unit.polling import wait_until
 
 
 class FakeEngine:
@@ -91,7 +92,7 @@ class SlowPeerEngine(FakeEngine):
 
     def send_probe(self, segment: str) -> int:
         SlowPeerEngine.probes += 1
-        SlowPeerEngine.answer.wait(10)
+        SlowPeerEngine.answer.wait(600)  # longer than pytest lets a test run
         return 0
 
     def batch_transfer_sync_read(self, *args: Any) -> int:
@@ -105,20 +106,26 @@ def test_a_peer_that_does_not_answer_the_handshake_fails_the_batch_at_the_timeou
     SlowPeerEngine.answer.clear()
     t = Transfer(timeout=0.3)
     t0 = time.monotonic()
+    # The probe answers only when the test says so: a read that waited for it instead
+    # of its timeout would hang here until pytest's timeout.
     with pytest.raises(Unavailable, match="did not answer"):
         t.read("10.0.0.9:1234", [1], [2], [3])
-    assert 0.3 <= time.monotonic() - t0 < 2.0
-    t0 = time.monotonic()
-    with pytest.raises(Unavailable, match="did not answer"):  # at once: the probe is pending
+    assert time.monotonic() - t0 >= 0.3  # it gave the handshake the whole timeout
+    # At once while the probe is pending: with the timeout now 10 minutes, a read that
+    # waited for that probe again would hang here instead of raising.
+    t.timeout = 600.0
+    with pytest.raises(Unavailable, match="did not answer"):
         t.read("10.0.0.9:1234", [1], [2], [3])
-    assert time.monotonic() - t0 < 0.1
+    assert SlowPeerEngine.probes == 1  # and without probing again
     SlowPeerEngine.answer.set()  # the node answers again
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+
+    def reads() -> bool:
         try:
             t.read("10.0.0.9:1234", [1], [2], [3])
-            break
         except Unavailable:
-            time.sleep(0.05)
+            return False  # the probe's answer is not in yet
+        return True
+
+    wait_until(reads, what="a read once the node answered its probe")
     t.read("10.0.0.9:1234", [1], [2], [3])
     assert SlowPeerEngine.batches == 2 and SlowPeerEngine.probes == 1  # probed once, then known
