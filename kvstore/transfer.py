@@ -220,11 +220,22 @@ class Transfer:
 
     def status(self, tid: int) -> int:
         """Of a started transfer: 1 done, -1 failed, 0 still moving. Never blocks; once
-        it said 1 or -1, the id is no longer valid."""
+        it said 1 or -1, the id is no longer valid, and asking again raises
+        InvalidArgument, as does an id `start` never returned.
+
+        The engine takes the id for the address of its batch record, which it frees once
+        it reported the batch over: it would read freed memory (or, for 0, none at all)
+        and crash the process. So only ids in flight reach it."""
         with self._lock:
+            segment = self._moving.get(tid)
+            if segment is None:
+                raise InvalidArgument(
+                    f"transfer {tid} is not in flight on this Transfer Engine: it was never "
+                    "started, or its status already said it was over; this is a bug in "
+                    "the caller (kvstore_client), please report it with the traceback")
             st = self._engine.transfer_check_status(tid)
             if st == 1 or (st < 0 and st != _TIMED_OUT):
-                segment = self._moving.pop(tid, "")
+                del self._moving[tid]
                 if st != 1:
                     self._answered.discard(segment)
                     return -1

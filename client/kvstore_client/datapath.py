@@ -224,25 +224,32 @@ class DataPath:
         while True:
             still = []
             waiting = 0
-            for k, p in enumerate(pending):
-                # Pieces land about in the order they were submitted: after POLL_WINDOW
-                # still moving, the rest are not asked this round.
-                if waiting >= POLL_WINDOW:
-                    still += pending[k:]
-                    break
-                st = status(p[0])
-                if st == 0:
-                    still.append(p)
-                    waiting += 1
-                elif st < 0:
-                    failed.setdefault(p[1], Unavailable(f"{verb} store node {p[1][0]} failed; "
-                                                        "the node may be down"))
-                elif not write:
-                    for x in p[2]:
-                        x.left -= 1
-                        if not x.left:
-                            _verify(x)
-            pending = still
+            k = 0  # pending[k:] not asked this round
+            try:
+                while k < len(pending):
+                    # Pieces land about in the order they were submitted: after
+                    # POLL_WINDOW still moving, the rest are not asked this round.
+                    if waiting >= POLL_WINDOW:
+                        break
+                    p = pending[k]
+                    st = status(p[0])
+                    k += 1
+                    if st == 0:
+                        still.append(p)
+                        waiting += 1
+                    elif st < 0:
+                        failed.setdefault(p[1], Unavailable(
+                            f"{verb} store node {p[1][0]} failed; the node may be down"))
+                    elif not write:
+                        for x in p[2]:
+                            x.left -= 1
+                            if not x.left:
+                                _verify(x)
+            finally:
+                # The ticket holds only what is still in the engine: whatever ends this
+                # wait (an interrupted sleep too), the driver finishes the ticket again,
+                # and an id reported over is freed by the engine, never to be asked again.
+                t.pending = pending = still + pending[k:]
             if not pending:
                 break
             if now() > deadline:

@@ -123,7 +123,11 @@ def read_one(st: ClientState, control: Any, key: bytes, dest: Dest | None,  # no
         reply = control.answer(asked, "GetReplicas")
     except (Retry, KVStoreError):
         pass  # the flow calls again, and retries or reports
-    if landed is None:
+    if landed is None and tid:
+        # The ask failed while the bytes moved: wait them out, so that none land in
+        # `dest` after the flow took it over. A same-host read started no engine
+        # transfer (and its copy never ran): there is no id to poll, and the engine
+        # takes any id it is given for the address of a batch (see Transfer.status).
         landed = _landed(st, tid, target, size)
     if reply is None or reply.error.code or not st.current(reply):
         return SLOW

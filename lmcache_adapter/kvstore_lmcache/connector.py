@@ -58,7 +58,6 @@ from kvstore_client import (
     LeaseNotFound,
     NotFound,
     Unavailable,
-    flows,
 )
 from kvstore_lmcache.options import PLUGIN_TYPE, ConfigError, Options
 
@@ -403,12 +402,12 @@ class KVStoreConnector(RemoteConnector):
         ok = [False] * len(keys)
         if self.options.zero_copy and all(self._registered_view(v) for v in views):
             try:
-                errs = _get_into(client, keys, views, lease)
+                errs = client.get_into(keys, views, lease=lease)
             except (LeaseExpired, LeaseNotFound) as exc:
                 # The promise is over (TTL passed): read what is still there, unpinned.
                 self._say(f"a lookup's lease ended before its get ({exc}); reading unpinned",
                           topic="lease ended")
-                errs = _get_into(client, keys, views, None)
+                errs = client.get_into(keys, views)
             for i, (k, err) in enumerate(zip(keys, errs, strict=True)):
                 if err is None:
                     size = self._stored_size(client, k)
@@ -678,14 +677,3 @@ class KVStoreConnector(RemoteConnector):
         with contextlib.suppress(Exception):
             client.close()
 
-
-def _get_into(client: KVStoreClient, keys: list[bytes], views: list[Any],
-              lease: Lease | None) -> list[KVStoreError | None]:
-    """client.get_into, except that an unpinned single-key read goes through the client's
-    flow instead of its quick path: with the cluster gone, the quick path's second try
-    (kvstore_client/quick.py, _landed -> Transfer.status) segfaults inside the Transfer
-    Engine, which would take LMCache's process with it; the flow fails with Unavailable
-    (reported; /tmp repro in the LMCache plugin's hand-over). Remove once that is fixed."""
-    if len(keys) == 1 and lease is None and hasattr(client, "_run") and hasattr(client, "_state"):
-        return client._run(flows.get_into(client._state, keys, views, None))
-    return client.get_into(keys, views, lease=lease)
