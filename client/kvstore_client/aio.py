@@ -30,7 +30,8 @@ from kvstore_client.control import (
     timed_out,
     unreachable_fast,
 )
-from kvstore_client.datapath import Ticket
+from kvstore_client.datapath import Target, Ticket
+from kvstore_client.drive import Pump, handle
 from kvstore_client.options import ClientOptions
 from kvstore_client.state import Lease
 from kvstore_client.stats import ClientStats
@@ -166,65 +167,17 @@ class AsyncKVStoreClient:
         task.add_done_callback(self._background.discard)
 
     async def _run(self, flow: Flow[T]) -> T:
-        value: Any = None
-        error: BaseException | None = None
-        started: list[Ticket] = []
-        asked: list[asyncio.Future[Any]] = []
-        state = self._state
+        steps = _Steps(self)
+        pump = Pump(flow)
         try:
-            while True:
+            while (step := pump.next()) is not None:
                 try:
-                    step = flow.throw(error) if error is not None else flow.send(value)
-                except StopIteration as done:
-                    return done.value
-                value, error = None, None
-                try:
-                    if isinstance(step, Rpc):
-                        value = await self._call(step.method, step.request)
-                    elif isinstance(step, Ask):
-                        # The call runs as a task of its own while the flow goes on.
-                        value = asyncio.ensure_future(self._call(step.method, step.request))
-                        asked.append(value)
-                    elif isinstance(step, Answer):
-                        value = await step.asked
-                    elif isinstance(step, Later):
-                        self._send_later(step)
-                    elif isinstance(step, Settle):
-                        pass  # a Later's reply is handed over by its own task
-                    elif isinstance(step, Start):
-                        # Submitting is quick, unless a node is new (etcd, a probe).
-                        if state.resolved(step.plan):
-                            value = state.start_transfers(step.plan, step.write, step.dead,
-                                                          step.at_once)
-                        else:
-                            value = await asyncio.to_thread(state.start_transfers, step.plan,
-                                                            step.write, step.dead, step.at_once)
-                        started.append(value)
-                    elif isinstance(step, Finish):
-                        # The worker thread sleeps between polls, not the loop.
-                        value = await asyncio.to_thread(state.finish_transfers, step.ticket,
-                                                        time.sleep)
-                    elif isinstance(step, Move):
-                        value = await asyncio.to_thread(state.run_transfers, step.plan,
-                                                        step.write, time.sleep)
-                    elif isinstance(step, Release):
-                        self._release_later(step.lease_id)
-                    elif isinstance(step, Wait):
-                        await asyncio.sleep(step.seconds)
+                    pump.give(await handle(steps, step))
                 except KVStoreError as exc:
-                    error = exc
+                    pump.fail(exc)
+            return pump.result
         finally:
-            # Whatever ended the flow (cancellation too), nothing it started may still be
-            # moving bytes: wait for it in a worker thread.
-            left = [t for t in started if not t.done]
-            if left:
-                await asyncio.to_thread(lambda: [state.finish_transfers(t, time.sleep)
-                                                 for t in left])
-            for call in asked:  # a flow that ended before reading its answer
-                if not call.done():
-                    call.cancel()
-                elif not call.cancelled():
-                    call.exception()  # retrieved: no "never retrieved" warning
+            await steps.wind_up()
 
     async def _run_staged(self, flow: Flow[T]) -> T:
         async with self._staging_turn:
@@ -286,3 +239,74 @@ class AsyncKVStoreClient:
     async def get_into(self, keys: Sequence[bytes], buffers: Sequence[Any],
                        lease: Lease | None = None) -> list[KVStoreError | None]:
         return await self._run(flows.get_into(self._state, keys, buffers, lease))
+
+
+class _Steps:
+    """The coroutine handlers of one run of a flow (drive.StepHandlers): control calls on
+    the loop, transfers in a worker thread; and what the run started, for `wind_up`."""
+
+    __slots__ = ("_client", "asked", "started")
+
+    def __init__(self, client: AsyncKVStoreClient) -> None:
+        self._client = client
+        self.started: list[Ticket] = []
+        self.asked: list[asyncio.Future[Any]] = []
+
+    async def rpc(self, step: Rpc) -> Any:
+        return await self._client._call(step.method, step.request)
+
+    async def ask(self, step: Ask) -> asyncio.Future[Any]:
+        # The call runs as a task of its own while the flow goes on.
+        call = asyncio.ensure_future(self._client._call(step.method, step.request))
+        self.asked.append(call)
+        return call
+
+    async def answer(self, step: Answer) -> Any:
+        return await step.asked
+
+    async def later(self, step: Later) -> None:
+        self._client._send_later(step)
+
+    async def settle(self, step: Settle) -> None:
+        pass  # a Later's reply is handed over by its own task
+
+    async def start(self, step: Start) -> Ticket:
+        state = self._client._state
+        # Submitting is quick, unless a node is new (etcd, a probe).
+        if state.resolved(step.plan):
+            ticket = state.start_transfers(step.plan, step.write, step.dead, step.at_once)
+        else:
+            ticket = await asyncio.to_thread(state.start_transfers, step.plan, step.write,
+                                             step.dead, step.at_once)
+        self.started.append(ticket)
+        return ticket
+
+    async def finish(self, step: Finish) -> dict[Target, KVStoreError]:
+        # The worker thread sleeps between polls, not the loop.
+        return await asyncio.to_thread(self._client._state.finish_transfers, step.ticket,
+                                       time.sleep)
+
+    async def move(self, step: Move) -> dict[Target, KVStoreError]:
+        return await asyncio.to_thread(self._client._state.run_transfers, step.plan,
+                                       step.write, time.sleep)
+
+    async def release(self, step: Release) -> None:
+        self._client._release_later(step.lease_id)
+
+    async def wait(self, step: Wait) -> None:
+        await asyncio.sleep(step.seconds)
+
+    async def wind_up(self) -> None:
+        """Whatever ended the flow (cancellation too), nothing it started may still be
+        moving bytes: wait for it in a worker thread. Cancel the calls it asked and never
+        read the answer of."""
+        state = self._client._state
+        left = [t for t in self.started if not t.done]
+        if left:
+            await asyncio.to_thread(lambda: [state.finish_transfers(t, time.sleep)
+                                             for t in left])
+        for call in self.asked:  # a flow that ended before reading its answer
+            if not call.done():
+                call.cancel()
+            elif not call.cancelled():
+                call.exception()  # retrieved: no "never retrieved" warning

@@ -31,7 +31,8 @@ from kvstore_client.control import (
     timed_out,
     unreachable_fast,
 )
-from kvstore_client.datapath import Ticket
+from kvstore_client.datapath import Target, Ticket
+from kvstore_client.drive import Pump, handle
 from kvstore_client.options import ClientOptions
 from kvstore_client.state import Lease
 from kvstore_client.stats import ClientStats
@@ -256,52 +257,24 @@ class KVStoreClient:
         self._control.release(lease_id, self.timeout)
 
     def _run(self, flow: Flow[T]) -> T:
-        value: Any = None
-        error: BaseException | None = None
-        started: list[Ticket] = []
+        steps = _Steps(self)
+        pump = Pump(flow)
         timer = self.phase_timer
         try:
-            while True:
-                try:
-                    step = flow.throw(error) if error is not None else flow.send(value)
-                except StopIteration as done:
-                    return done.value
-                value, error = None, None
+            while (step := pump.next()) is not None:
                 if timer is not None:
                     timer(_phase(step))
                 try:
-                    if isinstance(step, Rpc):
-                        value = self._call(step.method, step.request, not _moving(started))
-                    elif isinstance(step, Ask):
-                        value = self._ask(step.method, step.request)
-                    elif isinstance(step, Answer):
-                        value = self._answer(step.asked, not _moving(started))
-                    elif isinstance(step, Later):
-                        self._send_later(step.method, step.request, step.then)
-                    elif isinstance(step, Settle):
-                        if self._later is not None:
-                            self._settle_later()
-                    elif isinstance(step, Start):
-                        value = self._state.start_transfers(step.plan, step.write, step.dead,
-                                                            step.at_once)
-                        started.append(value)
-                    elif isinstance(step, Finish):
-                        value = self._state.finish_transfers(step.ticket, self._sleep)
-                    elif isinstance(step, Move):
-                        value = self._state.run_transfers(step.plan, step.write, self._sleep)
-                    elif isinstance(step, Release):
-                        self._release_async(step.lease_id)
-                    elif isinstance(step, Wait):
-                        self._sleep(step.seconds)
+                    pump.give(handle(steps, step))
                 except KVStoreError as exc:
-                    error = exc
+                    pump.fail(exc)
                 finally:
                     if timer is not None:
                         timer(None)
+            return pump.result
         finally:
             # Whatever ended the flow, nothing it started may still be moving bytes.
-            for ticket in started:
-                self._state.finish_transfers(ticket, self._sleep)
+            steps.finish_started()
 
     # -- the API --------------------------------------------------------------------------
 
@@ -391,6 +364,55 @@ class KVStoreClient:
                 if isinstance(got, memoryview):
                     return [None]
         return self._run(flows.get_into(self._state, keys, buffers, lease))
+
+
+class _Steps:
+    """The blocking handlers of one run of a flow (drive.StepHandlers): each step as
+    the client's own calls, and the transfer batches the run started."""
+
+    __slots__ = ("_client", "started")
+
+    def __init__(self, client: KVStoreClient) -> None:
+        self._client = client
+        self.started: list[Ticket] = []
+
+    def rpc(self, step: Rpc) -> Any:
+        return self._client._call(step.method, step.request, not _moving(self.started))
+
+    def ask(self, step: Ask) -> _Asked:
+        return self._client._ask(step.method, step.request)
+
+    def answer(self, step: Answer) -> Any:
+        return self._client._answer(step.asked, not _moving(self.started))
+
+    def later(self, step: Later) -> None:
+        self._client._send_later(step.method, step.request, step.then)
+
+    def settle(self, step: Settle) -> None:
+        if self._client._later is not None:
+            self._client._settle_later()
+
+    def start(self, step: Start) -> Ticket:
+        ticket = self._client._state.start_transfers(step.plan, step.write, step.dead,
+                                                     step.at_once)
+        self.started.append(ticket)
+        return ticket
+
+    def finish(self, step: Finish) -> dict[Target, KVStoreError]:
+        return self._client._state.finish_transfers(step.ticket, self._client._sleep)
+
+    def move(self, step: Move) -> dict[Target, KVStoreError]:
+        return self._client._state.run_transfers(step.plan, step.write, self._client._sleep)
+
+    def release(self, step: Release) -> None:
+        self._client._release_async(step.lease_id)
+
+    def wait(self, step: Wait) -> None:
+        self._client._sleep(step.seconds)
+
+    def finish_started(self) -> None:
+        for ticket in self.started:
+            self._client._state.finish_transfers(ticket, self._client._sleep)
 
 
 def _phase(step: object) -> str:
