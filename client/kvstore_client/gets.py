@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvstore.errors import (
     Code,
@@ -29,6 +29,7 @@ from kvstore.v1 import master_pb2 as pb
 from kvstore_client import early
 from kvstore_client.buffers import Dest, checked_keys
 from kvstore_client.datapath import Plan, Target, Ticket, Xfer
+from kvstore_client.placements import Seen
 from kvstore_client.state import ClientState, Lease
 from kvstore_client.steps import Finish, Flow, Move, Release, Start
 
@@ -56,14 +57,7 @@ def _get_once(st: ClientState, keys: list[bytes], todo: list[int],
     asked = [keys[i] for i in todo]
     request = pb.GetReplicasRequest(keys=asked, holder=st.writer_id)
     seen = st.placements.recall(asked)
-    read_early = None  # what is read early: all of it, into the staging buffer, or none
-    early_dests: list[Dest] = []
-    if seen is not None and early.reachable(st, seen):
-        sizes = [s.size for s in seen]
-        if len(list(st.staging.slices(sizes))) == 1:  # (may grow the buffer)
-            read_early = seen
-            early_dests = [Dest(st.staging.addr + off, st.staging.view[off:off + n])
-                           for off, n in zip(st.staging.layout(sizes), sizes, strict=True)]
+    read_early, early_dests = _early_staging(st, seen)
     reply, got_early = yield from early.ask(st, request, read_early, early_dests)
     deadline = sent + reply.ttl_remaining
     items = yield from early.answered(st, asked, reply, deadline, seen)
@@ -74,46 +68,20 @@ def _get_once(st: ClientState, keys: list[bytes], todo: list[int],
     for p, (i, item) in enumerate(zip(todo, items, strict=True)):
         if item.code != Code.OK or not item.locations:
             continue
-        if got_early is not None and in_time:
-            confirmed = got_early.confirmed(p, reply.epoch, item)
-            if confirmed is not None:
-                target, x = confirmed
-                if target in got_early.failed:
-                    # As a first read failing there: another attempt asks first (the
-                    # node may be gone) and tries the other replicas.
-                    out[i] = got_early.failed[target]
-                    st.placements.forget(keys[i])
-                    retry.append(i)
-                    continue
-                if x.ok:
-                    assert x.view is not None
-                    out[i] = bytes(x.view)
-                    st.stats.hits += 1
-                    st.stats.bytes_read += item.size
-                    kept += 1
-                    continue
-        found.append((i, item))
+        got = (_kept_early(st, keys[i], got_early, p, reply.epoch, item)
+               if got_early is not None and in_time else None)
+        if got is None:
+            found.append((i, item))
+            continue
+        out[i] = got
+        if isinstance(got, KVStoreError):
+            retry.append(i)
+        else:
+            kept += 1
     if got_early is not None:
         got_early.count(st, kept)
     try:
-        for lo, hi in st.staging.slices([item.size for _, item in found]):
-            part = found[lo:hi]
-            offsets = st.staging.layout([item.size for _, item in part])
-            dests = [Dest(st.staging.addr + off, st.staging.view[off:off + item.size])
-                     for off, (_, item) in zip(offsets, part, strict=True)]
-            errs = yield from _read_into(st, keys, part, dests)
-            if st.now() > deadline:
-                # The lease lapsed before the bytes were in: the objects may have been
-                # evicted and their space reused, so what arrived is not trusted.
-                for i, _ in found[lo:]:
-                    out[i] = LeaseExpired("the read lease expired before the transfer "
-                                          "finished", key=keys[i])
-                    retry.append(i)
-                break
-            for (i, _), dest, err in zip(part, dests, errs, strict=True):
-                out[i] = err if err is not None else bytes(dest.view)
-                if isinstance(err, KVStoreError) and not isinstance(err, CorruptObject):
-                    retry.append(i)
+        yield from _read_staged(st, keys, found, deadline, out, retry)
     except KVStoreError:
         if reply.lease_id:
             yield Release(reply.lease_id)
@@ -122,6 +90,65 @@ def _get_once(st: ClientState, keys: list[bytes], todo: list[int],
         yield Release(reply.lease_id)
     st.stats.gets += len(todo)
     return retry
+
+
+def _early_staging(st: ClientState, seen: list[Seen] | None) -> tuple[list[Seen] | None, list[Dest]]:
+    """What an attempt of get_many reads early, and into where: all of `seen` when its
+    nodes answered lately and it fits in the staging buffer at once; else nothing."""
+    if seen is None or not early.reachable(st, seen):
+        return None, []
+    sizes = [s.size for s in seen]
+    if len(list(st.staging.slices(sizes))) != 1:  # (may grow the buffer)
+        return None, []
+    return seen, [Dest(st.staging.addr + off, st.staging.view[off:off + n])
+                  for off, n in zip(st.staging.layout(sizes), sizes, strict=True)]
+
+
+def _kept_early(st: ClientState, key: bytes, got_early: early.Early, p: int, epoch: int,
+                item: pb.ReadItem) -> bytes | KVStoreError | None:
+    """The outcome of object p's early read into the staging buffer, if the reply confirms
+    it: the verified bytes, or the failure of its node (the key then tries again, and
+    asks first: the node may be gone); None when it is still to be read."""
+    confirmed = got_early.confirmed(p, epoch, item)
+    if confirmed is None:
+        return None
+    target, x = confirmed
+    if target in got_early.failed:
+        # As a first read failing there: another attempt tries the other replicas.
+        st.placements.forget(key)
+        return got_early.failed[target]
+    if not x.ok:
+        return None
+    assert x.view is not None
+    st.stats.hits += 1
+    st.stats.bytes_read += item.size
+    return bytes(x.view)
+
+
+def _read_staged(st: ClientState, keys: list[bytes], found: list[tuple[int, pb.ReadItem]],
+                 deadline: float, out: list[bytes | KVStoreError],
+                 retry: list[int]) -> Flow[None]:
+    """Read the found objects through the staging buffer, as many at a time as it holds.
+    Per object, its bytes or its error in out[i]; added to `retry`, each i worth another
+    attempt (a read failed other than by a checksum mismatch, or the lease lapsed)."""
+    for lo, hi in st.staging.slices([item.size for _, item in found]):
+        part = found[lo:hi]
+        offsets = st.staging.layout([item.size for _, item in part])
+        dests = [Dest(st.staging.addr + off, st.staging.view[off:off + item.size])
+                 for off, (_, item) in zip(offsets, part, strict=True)]
+        errs = yield from _read_into(st, keys, part, dests)
+        if st.now() > deadline:
+            # The lease lapsed before the bytes were in: the objects may have been
+            # evicted and their space reused, so what arrived is not trusted.
+            for i, _ in found[lo:]:
+                out[i] = LeaseExpired("the read lease expired before the transfer "
+                                      "finished", key=keys[i])
+                retry.append(i)
+            return
+        for (i, _), dest, err in zip(part, dests, errs, strict=True):
+            out[i] = err if err is not None else bytes(dest.view)
+            if isinstance(err, KVStoreError) and not isinstance(err, CorruptObject):
+                retry.append(i)
 
 
 def get_into(st: ClientState, keys: Sequence[bytes], buffers: Sequence[Any],
@@ -137,14 +164,10 @@ def get_into(st: ClientState, keys: Sequence[bytes], buffers: Sequence[Any],
     dests = [st.dest(b) for b in buffers]
     out: list[KVStoreError | None] = [None] * len(checked)
     leases: list[int] = []  # the short leases taken here, released at the end
-    inflight: list[tuple[float, list[tuple[int, pb.ReadItem]], list[_Sent], Ticket,
-                         list[_Sent], dict[Target, KVStoreError]]] = []
+    inflight: list[_Moving] = []
     expired = False
     spans = st.pipelined([d.view.nbytes for d in dests])
-    seen = st.placements.recall(checked) if len(spans) == 1 else None
-    if seen is not None and (any(s.size > d.view.nbytes for s, d in zip(seen, dests, strict=True))
-                             or not early.reachable(st, seen)):
-        seen = None
+    seen = _early_into(st, checked, dests) if len(spans) == 1 else None
     try:
         for lo, hi in spans:
             sent_at = st.now()
@@ -155,53 +178,27 @@ def get_into(st: ClientState, keys: Sequence[bytes], buffers: Sequence[Any],
                 leases.append(reply.lease_id)
             deadline = lease.expires_at if lease else sent_at + reply.ttl_remaining
             items = yield from early.answered(st, checked[lo:hi], reply, deadline, seen)
-            found: list[tuple[int, pb.ReadItem]] = []
-            kept: list[_Sent] = []  # early reads the reply confirmed
-            rest: list[int] = []  # indexes into found still to read
-            for i, item in enumerate(items, lo):
-                if item.code != Code.OK or not item.locations:
-                    missing = item.code in (Code.OK, Code.NOT_FOUND)
-                    out[i] = error_for(item.code or Code.NOT_FOUND,
-                                       "not in the store" if missing else
-                                       "not pinned by this lease", key=checked[i])
-                elif item.size > dests[i].view.nbytes:
-                    out[i] = InvalidArgument(f"buffer of {dests[i].view.nbytes} bytes is smaller "
-                                             f"than the object ({item.size} bytes)",
-                                             key=checked[i])
-                else:
-                    confirmed = (got_early.confirmed(i, reply.epoch, item)
-                                 if got_early is not None else None)
-                    if confirmed is not None:
-                        kept.append((len(found), *confirmed))
-                    else:
-                        rest.append(len(found))
-                    found.append((i, item))
+            found, kept, rest = _sort_items(checked, dests, items, lo, got_early, reply.epoch,
+                                            out)
             if got_early is not None:
                 got_early.count(st, len(kept))
             plan, sent = _read_plan(found, [dests[i] for i, _ in found], rest, 0)
-            inflight.append((deadline, found, sent, (yield Start(plan, write=False)), kept,
-                             got_early.failed if got_early is not None else {}))
+            inflight.append(_Moving(deadline, found, sent, (yield Start(plan, write=False)), kept,
+                                    got_early.failed if got_early is not None else {}))
         while inflight:
-            deadline, found, sent, ticket, kept, early_failed = inflight[0]
-            failed = yield Finish(ticket)
+            group = inflight[0]
+            failed = yield Finish(group.ticket)
             inflight.pop(0)
-            group_dests = [dests[i] for i, _ in found]
-            errs: list[KVStoreError | None] = [None] * len(found)
-            still = _read_check(st, checked, found, sent, failed, errs)
-            if kept:
-                still += _read_check(st, checked, found, kept, early_failed, errs)
-            yield from _read_rounds(st, checked, found, group_dests, errs, sorted(still), 1)
-            for (i, _), err in zip(found, errs, strict=True):
-                out[i] = err
-            if (found or lease is not None) and st.now() > deadline:
+            yield from _check_group(st, checked, dests, group, failed, out)
+            if (group.found or lease is not None) and st.now() > group.deadline:
                 expired = True
         if expired:
             raise LeaseExpired("the read lease expired before the transfer finished; "
                                "the bytes are not trusted (look the keys up again)")
     except KVStoreError:
         # Pins hold until the bytes are in: finish what moves, then release.
-        for _, _, _, ticket, _, _ in inflight:
-            yield Finish(ticket)
+        for group in inflight:
+            yield Finish(group.ticket)
         for lease_id in leases:
             yield Release(lease_id)
         raise
@@ -209,6 +206,70 @@ def get_into(st: ClientState, keys: Sequence[bytes], buffers: Sequence[Any],
         yield Release(lease_id)
     st.stats.gets += len(checked)
     return out
+
+
+class _Moving(NamedTuple):
+    """A group of get_into whose reads were started (the early ones too)."""
+
+    deadline: float  # of the lease: bytes that arrive later are not trusted
+    found: list[tuple[int, pb.ReadItem]]  # (index into the call's keys, its item)
+    sent: list[_Sent]  # the reads started for it
+    ticket: Ticket
+    kept: list[_Sent]  # early reads the reply confirmed
+    early_failed: dict[Target, KVStoreError]  # per node, the failure of the early reads
+
+
+def _early_into(st: ClientState, keys: list[bytes], dests: list[Dest]) -> list[Seen] | None:
+    """Where get_into reads early: every object's known placement, if each fits in its
+    buffer and their nodes answered lately; else None (nothing is read early)."""
+    seen = st.placements.recall(keys)
+    if seen is None or any(s.size > d.view.nbytes for s, d in zip(seen, dests, strict=True)) \
+            or not early.reachable(st, seen):
+        return None
+    return seen
+
+
+def _sort_items(keys: list[bytes], dests: list[Dest], items: list[pb.ReadItem], lo: int,
+                got_early: early.Early | None, epoch: int, out: list[KVStoreError | None]
+                ) -> tuple[list[tuple[int, pb.ReadItem]], list[_Sent], list[int]]:
+    """The GetReplicas items of the group from keys[lo]: each object not there (or not
+    pinned by the caller's lease) or larger than its buffer gets its error in out; the
+    others are found (index, item), and of those, early reads the reply confirmed are
+    kept, the rest (indexes into found) still to read."""
+    found: list[tuple[int, pb.ReadItem]] = []
+    kept: list[_Sent] = []
+    rest: list[int] = []
+    for i, item in enumerate(items, lo):
+        if item.code != Code.OK or not item.locations:
+            missing = item.code in (Code.OK, Code.NOT_FOUND)
+            out[i] = error_for(item.code or Code.NOT_FOUND,
+                               "not in the store" if missing else
+                               "not pinned by this lease", key=keys[i])
+        elif item.size > dests[i].view.nbytes:
+            out[i] = InvalidArgument(f"buffer of {dests[i].view.nbytes} bytes is smaller "
+                                     f"than the object ({item.size} bytes)", key=keys[i])
+        else:
+            confirmed = got_early.confirmed(i, epoch, item) if got_early is not None else None
+            if confirmed is not None:
+                kept.append((len(found), *confirmed))
+            else:
+                rest.append(len(found))
+            found.append((i, item))
+    return found, kept, rest
+
+
+def _check_group(st: ClientState, keys: list[bytes], dests: list[Dest], group: _Moving,
+                 failed: dict[Target, KVStoreError], out: list[KVStoreError | None]) -> Flow[None]:
+    """A finished group of get_into: verify its reads (and the early ones kept), try the
+    next replica of each that failed, and put each object's outcome in out."""
+    found = group.found
+    errs: list[KVStoreError | None] = [None] * len(found)
+    still = _read_check(st, keys, found, group.sent, failed, errs)
+    if group.kept:
+        still += _read_check(st, keys, found, group.kept, group.early_failed, errs)
+    yield from _read_rounds(st, keys, found, [dests[i] for i, _ in found], errs, sorted(still), 1)
+    for (i, _), err in zip(found, errs, strict=True):
+        out[i] = err
 
 
 def _read_plan(part: list[tuple[int, pb.ReadItem]], dests: list[Dest], which: Sequence[int],
