@@ -225,7 +225,27 @@ class SchedulerSide:
         now = self.clock()
         for req_id in getattr(scheduler_output, "finished_req_ids", ()) or ():
             self._drop(req_id)
-        scheduled: list[tuple[str, int, int]] = []  # (req id, computed before, scheduled)
+        scheduled = self._scheduled(scheduler_output)
+
+        # Asynchronous loads go out in the step that allocated their blocks, in which
+        # the request itself is not scheduled.
+        for st in [st for st in self.reqs.values() if st.load is not None and st.load.asynchronous]:
+            self._hand_load(st, plan, now)
+        for req_id, computed, n_new in scheduled:
+            st = self.reqs[req_id]
+            if st.load is not None:
+                self._hand_load(st, plan, now)
+            if self.saves:
+                save = self._plan_save(st, computed, n_new)
+                if save is not None:
+                    plan.saves.append(save)
+        return plan
+
+    def _scheduled(self, scheduler_output: Any) -> list[tuple[str, int, int]]:
+        """This step's scheduled requests of ours, new and cached, each as (req id, tokens
+        computed before the step, tokens scheduled in it); the block ids vLLM gave them
+        this step are recorded on the way."""
+        scheduled: list[tuple[str, int, int]] = []
         n_sched = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             st = self.reqs.get(new.req_id)
@@ -243,26 +263,19 @@ class SchedulerSide:
             if req_id in resumed:
                 self._set_block_ids(st, new_ids or ([],))
             elif new_ids:
-                for g, ids in enumerate(new_ids):
-                    if g < len(st.group_ids):
-                        st.group_ids[g].extend(ids)
-                if not st.group_ids:
-                    st.block_ids.extend(new_ids[0])
+                self._add_block_ids(st, new_ids)
             scheduled.append((req_id, cached.num_computed_tokens[i], n_sched.get(req_id, 0)))
+        return scheduled
 
-        # Asynchronous loads go out in the step that allocated their blocks, in which
-        # the request itself is not scheduled.
-        for st in [st for st in self.reqs.values() if st.load is not None and st.load.asynchronous]:
-            self._hand_load(st, plan, now)
-        for req_id, computed, n_new in scheduled:
-            st = self.reqs[req_id]
-            if st.load is not None:
-                self._hand_load(st, plan, now)
-            if self.saves:
-                save = self._plan_save(st, computed, n_new)
-                if save is not None:
-                    plan.saves.append(save)
-        return plan
+    @staticmethod
+    def _add_block_ids(st: _Req, new_ids: Sequence[Sequence[int]]) -> None:
+        """A running request's blocks allocated this step, per KV cache group, appended to
+        those it has (to block_ids when no group list was recorded)."""
+        for g, ids in enumerate(new_ids):
+            if g < len(st.group_ids):
+                st.group_ids[g].extend(ids)
+        if not st.group_ids:
+            st.block_ids.extend(new_ids[0])
 
     def _set_block_ids(self, st: _Req, block_ids: Sequence[Sequence[int]]) -> None:
         st.group_ids = [list(ids) for ids in block_ids]
