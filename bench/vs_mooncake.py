@@ -128,90 +128,21 @@ def warm(api: Api, total: int, size: int, batch: int) -> float:
 def measure(api: Api, size: int, iters: int, batch: int, rounds: int, tag: str) -> dict[str, Any]:
     value = os.urandom(size)
     api.prepare(value)
-    clock = time.perf_counter
-    # Warm-up: connections, registrations and first-touch page faults on both ends.
-    warm = [f"{tag}-w{i}" for i in range(batch)]
-    for k in warm[:3]:
-        api.put(k)
-        _check(api.get(k), value, "warm-up get")
-    api.remove(warm[:3])
-    api.put_many(warm)
-    for data in api.get_many(warm):
-        _check(data, value, "warm-up get_many")
-    api.remove(warm)
-
-    ph: Phases | None = api.phases
-    marks: dict[str, dict[str, float]] = {}
-
-    def mark(name: str) -> None:
-        if ph is not None:
-            marks[name] = ph.snapshot()
-
-    def phases_of(op: str, samples: list[float]) -> dict[str, float]:
-        assert ph is not None
-        return Phases.per_call(marks[op], marks[op + " end"], len(samples), sum(samples))
-
-    put_lat: list[float] = []
-    get_lat: list[float] = []
+    _warm_up(api, value, batch, tag)
+    marks = _Marks(api.phases)
     single = [f"{tag}-s{i}" for i in range(iters)]
-    # Phases of single ops are only taken when one chunk holds them all (no removes
-    # in between to blur them).
-    one_chunk = len(list(chunks(single, size))) == 1
-    for part in chunks(single, size):
-        mark("put")
-        for k in part:
-            t0 = clock()
-            api.put(k)
-            put_lat.append(clock() - t0)
-        mark("put end")
-        mark("get")
-        for j, k in enumerate(part):
-            t0 = clock()
-            data = api.get(k)
-            get_lat.append(clock() - t0)
-            if j == 0 or data is None:
-                _check(data, value, f"get {k}")
-        mark("get end")
-        api.remove(list(part))
-
-    put_t: list[float] = []
-    get_t: list[float] = []
+    put_lat, get_lat = _single_ops(api, value, single, size, marks)
     all_rounds = [[f"{tag}-b{r}-{i}" for i in range(batch)] for r in range(rounds)]
-    phase_sums: dict[str, dict[str, float]] = {"batch put": {}, "batch get": {}}
-
-    def add_phases(op: str, samples: list[float]) -> None:
-        if ph is not None:
-            for k, v in phases_of(op, samples).items():
-                phase_sums[op][k] = phase_sums[op].get(k, 0.0) + v * len(samples)
-
-    for part in chunks(all_rounds, size * batch):
-        mark("batch put")
-        n0 = len(put_t)
-        for keys in part:
-            t0 = clock()
-            api.put_many(keys)
-            put_t.append(clock() - t0)
-        mark("batch put end")
-        add_phases("batch put", put_t[n0:])
-        mark("batch get")
-        n0 = len(get_t)
-        for keys in part:
-            t0 = clock()
-            out = api.get_many(keys)
-            get_t.append(clock() - t0)
-            if any(d is None for d in out):
-                raise RuntimeError(f"get_many: {sum(d is None for d in out)} of {batch} missing")
-            _check(out[0], value, "get_many")
-        mark("batch get end")
-        add_phases("batch get", get_t[n0:])
-        api.remove([k for keys in part for k in keys])
+    put_t, get_t = _batch_ops(api, value, all_rounds, size, batch, marks)
     phases: dict[str, dict[str, float]] = {}
-    if ph is not None:
-        if one_chunk:
-            phases["put"] = phases_of("put", put_lat)
-            phases["get"] = phases_of("get", get_lat)
-        phases["batch put"] = {k: v / rounds for k, v in phase_sums["batch put"].items()}
-        phases["batch get"] = {k: v / rounds for k, v in phase_sums["batch get"].items()}
+    if marks.on:
+        # Phases of single ops are only taken when one chunk holds them all (no removes
+        # in between to blur them).
+        if len(list(chunks(single, size))) == 1:
+            phases["put"] = marks.per_call("put", put_lat)
+            phases["get"] = marks.per_call("get", get_lat)
+        for op in ("batch put", "batch get"):
+            phases[op] = {k: v / rounds for k, v in marks.sums[op].items()}
     return {
         "phases": phases,
         "system": api.system, "api": api.api, "size": size, "iters": iters, "batch": batch,
@@ -222,6 +153,103 @@ def measure(api: Api, size: int, iters: int, batch: int, rounds: int, tag: str) 
         **summary({"put": put_lat, "get": get_lat, "batch_put": put_t, "batch_get": get_t},
                   size * batch * rounds),
     }
+
+
+def _warm_up(api: Api, value: bytes, batch: int, tag: str) -> None:
+    """Before a measurement: connections, registrations and first-touch page faults on
+    both ends, through a few single ops and one batch."""
+    warm = [f"{tag}-w{i}" for i in range(batch)]
+    for k in warm[:3]:
+        api.put(k)
+        _check(api.get(k), value, "warm-up get")
+    api.remove(warm[:3])
+    api.put_many(warm)
+    for data in api.get_many(warm):
+        _check(data, value, "warm-up get_many")
+    api.remove(warm)
+
+
+class _Marks:
+    """Our client's phase times around each timed loop of a measurement (--phases: the
+    api has `phases`; otherwise nothing is taken): snapshots at the start and the end
+    ("<op> end") of the loop, per call between the two, and for the batch ops summed
+    over the chunks (weighted by calls)."""
+
+    def __init__(self, ph: Phases | None) -> None:
+        self.on = ph is not None
+        self._ph = ph
+        self._at: dict[str, dict[str, float]] = {}
+        self.sums: dict[str, dict[str, float]] = {"batch put": {}, "batch get": {}}
+
+    def mark(self, name: str) -> None:
+        if self._ph is not None:
+            self._at[name] = self._ph.snapshot()
+
+    def per_call(self, op: str, samples: list[float]) -> dict[str, float]:
+        return Phases.per_call(self._at[op], self._at[op + " end"], len(samples), sum(samples))
+
+    def add(self, op: str, samples: list[float]) -> None:
+        if self.on:
+            sums = self.sums[op]
+            for k, v in self.per_call(op, samples).items():
+                sums[k] = sums.get(k, 0.0) + v * len(samples)
+
+
+def _single_ops(api: Api, value: bytes, keys: list[str], size: int,
+                marks: _Marks) -> tuple[list[float], list[float]]:
+    """Single puts, then single gets, of `keys`, a chunk at a time (removed after it):
+    the seconds of each put and of each get."""
+    clock = time.perf_counter
+    put_lat: list[float] = []
+    get_lat: list[float] = []
+    for part in chunks(keys, size):
+        marks.mark("put")
+        for k in part:
+            t0 = clock()
+            api.put(k)
+            put_lat.append(clock() - t0)
+        marks.mark("put end")
+        marks.mark("get")
+        for j, k in enumerate(part):
+            t0 = clock()
+            data = api.get(k)
+            get_lat.append(clock() - t0)
+            if j == 0 or data is None:
+                _check(data, value, f"get {k}")
+        marks.mark("get end")
+        api.remove(list(part))
+    return put_lat, get_lat
+
+
+def _batch_ops(api: Api, value: bytes, all_rounds: list[list[str]], size: int, batch: int,
+               marks: _Marks) -> tuple[list[float], list[float]]:
+    """put_many, then get_many, of each round's `batch` keys, as many rounds at a time as fit
+    (removed after them): the seconds of each put_many and of each get_many."""
+    clock = time.perf_counter
+    put_t: list[float] = []
+    get_t: list[float] = []
+    for part in chunks(all_rounds, size * batch):
+        marks.mark("batch put")
+        n0 = len(put_t)
+        for keys in part:
+            t0 = clock()
+            api.put_many(keys)
+            put_t.append(clock() - t0)
+        marks.mark("batch put end")
+        marks.add("batch put", put_t[n0:])
+        marks.mark("batch get")
+        n0 = len(get_t)
+        for keys in part:
+            t0 = clock()
+            out = api.get_many(keys)
+            get_t.append(clock() - t0)
+            if any(d is None for d in out):
+                raise RuntimeError(f"get_many: {sum(d is None for d in out)} of {batch} missing")
+            _check(out[0], value, "get_many")
+        marks.mark("batch get end")
+        marks.add("batch get", get_t[n0:])
+        api.remove([k for keys in part for k in keys])
+    return put_t, get_t
 
 
 def summary(samples: dict[str, list[float]], batch_bytes: float) -> dict[str, Any]:
