@@ -27,7 +27,8 @@ from kvstore.coord.layout import Layout, MasterRecord
 
 log = logging.getLogger(__name__)
 
-# What an unreachable or restarting etcd raises here; each is retried, never fatal.
+# An old name of ETCD_ERRORS (what an unreachable or restarting etcd raises; each is
+# retried, never fatal), still imported by daemon.py.
 RETRIED = ETCD_ERRORS
 RETRY_PAUSE = 0.5  # s between tries while etcd is away
 
@@ -115,7 +116,7 @@ class Election:
                 await self.etcd.put(self.layout.master(self.record.master_id),
                                     self.record.encode(), lease=lease_id)
                 break
-            except RETRIED as exc:
+            except ETCD_ERRORS as exc:
                 if tries % 10 == 0:
                     log.warning("cannot register this master in etcd at %s (%s); retrying",
                                 self.etcd.endpoint, exc)
@@ -141,7 +142,7 @@ class Election:
                     self._is_leader = True
                     self._elected_at = time.monotonic()
                     return
-            except RETRIED as exc:
+            except ETCD_ERRORS as exc:
                 log.warning("campaign: etcd unreachable (%s); retrying", exc)
                 await asyncio.sleep(RETRY_PAUSE)
 
