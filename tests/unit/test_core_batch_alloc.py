@@ -136,7 +136,8 @@ def core_state(core: MasterCore) -> dict[str, Any]:
 
 def check_free_extents(core: MasterCore) -> None:
     """Every segment's free extents are exactly the coalesced gaps between the ranges its
-    live objects hold: nothing freed twice, nothing lost (deferred frees included)."""
+    live objects hold, and those held for a writer: nothing freed twice, nothing lost
+    (deferred frees included)."""
     t = core._state.objects
     held: dict[int, list[tuple[int, int]]] = {sid: [] for sid in core._state.segments.by_id}
     for s in t.index.values():
@@ -144,6 +145,9 @@ def check_free_extents(core: MasterCore) -> None:
             seg = core._state.segments.by_id[h >> OFFSET_BITS]
             off = h & OFFSET_MASK
             held[seg.seg_id].append((off, off + seg.alloc.round_up(t.size[s])))
+    # Ranges a writer may still be writing after its object went (quarantine.py).
+    for seg, off, n in core._state.quarantine.ranges():
+        held[seg.seg_id].append((off, off + seg.alloc.round_up(n)))
     for sid, spans in held.items():
         alloc = core._state.segments.by_id[sid].alloc
         spans.sort()

@@ -70,6 +70,10 @@ def check(core: MasterCore, model: Model, now: float, nodes_lost: bool) -> None:
                 pinned_space += space
             else:
                 evictable += 1
+    # Ranges a writer may still be writing into after its object went stay allocated
+    # (quarantine.py): no replica may share a byte with them either.
+    for seg, off, n in core._state.quarantine.ranges():
+        ranges.setdefault(seg.node_id, []).append((seg.base_addr + off, round_up(n)))
     st = core.stats()
     for node, spans in ranges.items():
         spans.sort()

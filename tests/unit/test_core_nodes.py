@@ -119,6 +119,65 @@ def test_node_loss_drops_pending_objects_with_a_replica_there() -> None:
     assert (st.pool_used, st.pool_pending, st.objects_pending) == (0, 0, 0)
 
 
+def _span(node: str, locations: list) -> tuple[int, int]:
+    [loc] = [x for x in locations if x.node_id == node]
+    return loc.addr, loc.addr + loc.size
+
+
+def test_a_dropped_pending_objects_other_ranges_wait_for_its_writer() -> None:
+    # The writer of a PENDING object still copies into its surviving replica after the
+    # object was dropped with its other node: that range is not placed again before
+    # the writer's put_end, or the next object's acknowledged bytes get overwritten.
+    core, _ = make(nodes=2, seg_size=4 * KiB)
+    [p] = core.put_start([b"p"], [KiB], [0], replicas=2, writer="w")
+    held = _span("n1", p.locations)
+    assert core.unmount_node("n0") == [b"p"]
+    placed = []
+    for i in range(3):  # n1's other three KiB
+        [q] = core.put_start([b"q%d" % i], [KiB], [0], replicas=1, writer="v")
+        assert q.code == Code.OK
+        a, b = _span("n1", q.locations)
+        assert b <= held[0] or a >= held[1], "a held range was placed again"
+        placed.append(b"q%d" % i)
+    [full] = core.put_start([b"r"], [KiB], [0], replicas=1, writer="v")
+    assert full.code == Code.STORE_FULL
+    assert core.stats().pool_used == 4 * KiB
+    assert core.put_end([b"p"], writer="w") == [Code.NOT_FOUND]  # the writer is done
+    assert core.stats().pool_used == 3 * KiB
+    [r] = core.put_start([b"r"], [KiB], [0], replicas=1, writer="v")
+    assert _span("n1", r.locations) == held
+
+
+def test_held_ranges_go_back_at_the_put_timeout_without_the_writers_call() -> None:
+    core, clock = make(nodes=2, put_timeout=30.0)
+    core.put_start([b"p"], [KiB], [0], replicas=2, writer="w")
+    core.unmount_node("n0")
+    clock.advance(29.0)
+    core.tick()
+    assert core.stats().pool_used == KiB
+    clock.advance(2.0)
+    core.tick()
+    assert core.stats().pool_used == 0
+
+
+def test_a_forced_remove_of_a_pending_object_holds_its_ranges_for_the_writer() -> None:
+    core, _ = make(nodes=1)
+    [p] = core.put_start([b"p"], [KiB], [0], replicas=1, writer="w")
+    assert core.remove([b"p"], force=True) == [Code.OK]
+    [q] = core.put_start([b"q"], [KiB], [0], replicas=1, writer="v")
+    assert _span("n0", q.locations) != _span("n0", p.locations)
+    assert core.stats().pool_used == 2 * KiB
+    assert core.put_end([b"p"], writer="w") == [Code.NOT_FOUND]
+    assert core.stats().pool_used == KiB
+
+
+def test_a_revoke_frees_at_once() -> None:
+    core, _ = make(nodes=1)
+    core.put_start([b"p"], [KiB], [0], replicas=1, writer="w")
+    assert core.put_revoke([b"p"], writer="w") == [Code.OK]
+    assert core.stats().pool_used == 0
+
+
 def test_mount_is_idempotent_and_a_new_geometry_replaces_the_node() -> None:
     core, _ = make(nodes=2)
     put(core, [b"a"], replicas=2)

@@ -238,3 +238,20 @@ def test_object_removed_mid_demotion_has_its_ssd_file_dropped() -> None:
     core2.take_replica_changes()
     core2.finish_tier_move(moves2[0], Code.STORE_FULL)
     assert [c for c in core2.take_replica_changes() if c.key == moves2[0].key] == []
+
+
+def test_a_promotions_dram_destination_waits_for_the_nodes_answer() -> None:
+    """An object removed while the node copies it back into DRAM: the node still writes
+    the destination, so nothing else is placed there before the node answers."""
+    core = make()
+    fill(core, 0, 10)
+    finish_all(core)
+    core.lookup([b"k0"])
+    (move,) = core.take_tier_moves()
+    dest = (1 << 32) + move.dram_offset
+    assert core.remove([b"k0"], force=True) == [Code.OK]
+    [r] = core.put_start([b"new"], [10 * KiB], [1])
+    assert r.code == Code.OK and r.locations[0].addr != dest
+    used = core.stats().pool_used
+    core.finish_tier_move(move, Code.OK)
+    assert core.stats().pool_used == used - 10 * KiB  # the destination is free again

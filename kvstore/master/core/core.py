@@ -267,6 +267,7 @@ class MasterCore:
         report = TickReport()
         report.expired_leases = self._pins.expire(now)
         report.reclaimed = self._writes.reclaim(now)
+        state.quarantine.expire(now)
         c = state.counts
         before = (c.evictions, c.evicted_bytes)
         self._eviction.to_watermark(now)

@@ -12,7 +12,8 @@ Two pieces of it have one writer each:
     name the event that changes them;
   * pin counts change only in pins.py (see there).
 An object leaves only through CoreState.drop, and a replica's range goes back to its
-allocator only through CoreState.free_replicas.
+allocator only through CoreState.free_replicas (or, if something may still be copying
+into it, through the quarantine).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from .config import CoreConfig
 from .eviction import LruList
 from .leases import LeaseTable
 from .objects import PENDING, ObjectTable
+from .quarantine import Quarantine, Range, move_tag, put_tag
 from .results import Event, Location, MoveKind, NodeInfo, ReplicaChange, TierMove, location
 from .segments import DRAM, OFFSET_BITS, OFFSET_MASK, SSD, Segment, SegmentMap, alloc_size
 from .window import RecentCounts
@@ -216,6 +218,8 @@ class CoreState:
         self.align_mask = config.alignment - 1
         self.objects = ObjectTable()
         self.segments = SegmentMap()
+        # Ranges a writer or a node may still be copying into (quarantine.py).
+        self.quarantine = Quarantine(self.segments)
         self.leases = LeaseTable(config.first_lease_id)
         self.ledger = SpaceLedger()
         self.counts = Counters()
@@ -314,6 +318,23 @@ class CoreState:
                 ranges.append((h & OFFSET_MASK, alloc_size(seg.tier, size)))
             seg.replicas -= 1
 
+    def hold_replicas(self, handles: Iterable[int], size: int, tag: tuple[str, bytes, str],
+                      deadline: float) -> None:
+        """Like free_replicas, except that the ranges stay allocated, in the quarantine
+        under `tag` until `deadline` (or its release)."""
+        by_id = self.segments.by_id
+        ranges: list[Range] = []
+        for h in handles:
+            seg = by_id.get(h >> OFFSET_BITS)
+            if seg is None:
+                continue
+            ranges.append((seg, h & OFFSET_MASK, alloc_size(seg.tier, size)))
+            seg.replicas -= 1
+        self.quarantine.hold(tag, deadline, ranges)
+
+    def _hold_deadline(self) -> float:
+        return self.clock.now() + self.config.put_timeout
+
     def set_replicas(self, s: int, handles: tuple[int, ...], space: int,
                      demoting: bool = False) -> None:
         """COMPLETE object s now has the replicas at `handles`, holding `space` DRAM
@@ -382,20 +403,32 @@ class CoreState:
 
     # -- the one way out ----------------------------------------------------------
 
-    def drop(self, s: int, frees: Frees | None = None) -> None:
+    def drop(self, s: int, frees: Frees | None = None, writer_done: bool = False) -> None:
         """Forget an object and free its replicas on the segments still mounted (and a
-        move's reservation). `frees`: see free_replicas."""
+        move's reservation). `frees`: see free_replicas. A PENDING object's ranges are
+        held in the quarantine instead, until its writer's next call for the key or its
+        put timeout, unless the caller knows the writer is done with them
+        (`writer_done`: its own revoke, or the timeout passed); so is a move's
+        destination, until the node answers for the move (quarantine.py)."""
         t = self.objects
         size = t.size[s]
         p = t.pins[s]
-        if self.journal is not None and p != PENDING:
-            key = t.key_of[s]
-            if key is not None:
-                self.journal_replicas(s, key, False)
-        self.free_replicas(t.handles(s), size, frees)
+        key = t.key_of[s]
+        if self.journal is not None and p != PENDING and key is not None:
+            self.journal_replicas(s, key, False)
+        if p == PENDING and not writer_done and key is not None:
+            pw = t.pending.get(s)
+            deadline = pw.deadline if pw is not None else self._hold_deadline()
+            self.hold_replicas(t.handles(s), size, put_tag(key, pw.writer if pw else ""),
+                               deadline)
+        else:
+            self.free_replicas(t.handles(s), size, frees)
         move = self.moves.pop(s, None)
         if move is not None:
-            self.free_replicas((move.dest,), size)
+            if key is not None:
+                self.hold_replicas((move.dest,), size, move_tag(key), self._hold_deadline())
+            else:
+                self.free_replicas((move.dest,), size)
             if move.kind == MoveKind.DEMOTE:
                 self.ledger.demotion_ended(t.space[s])
         self.ledger.dropped(t.space[s], size, p)

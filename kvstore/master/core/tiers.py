@@ -19,6 +19,7 @@ from .eviction import Eviction
 from .keys import norm_key
 from .objects import SLOT_BITS
 from .pins import Pins
+from .quarantine import move_tag
 from .results import MoveKind, ReplicaChange, TierMove
 from .segments import DRAM, OFFSET_BITS, OFFSET_MASK, SSD, alloc_size
 from .state import TIER_COUNTERS, CoreState, Move
@@ -152,7 +153,9 @@ class Tiers:
             # The object went (removed, lost with its node) while moving. A demotion the
             # node carried out left a file under this move's reservation, which nothing
             # else will ever free: tell the node to drop it (the node skips the drop if
-            # the key has been demoted again since, under another reservation).
+            # the key has been demoted again since, under another reservation). Its
+            # destination, held since the object went, is free again: the copy is over.
+            state.quarantine.release(move_tag(move.key))
             if move.kind == DEMOTE and code == Code.OK and state.journal is not None:
                 state.journal.append(ReplicaChange(move.node_id, SSD, move.key, move.ssd_offset,
                                                    move.size, move.checksum, False))

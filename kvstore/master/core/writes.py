@@ -294,6 +294,7 @@ class Writes:
                 seen[k] = code
             out.append(code)
         self._pins.commit(done)
+        state.quarantine.writer_done(keys, writer)
         return out
 
     def put_commit(self, placeholders: Sequence[bytes], keys: Sequence[bytes],
@@ -346,6 +347,7 @@ class Writes:
             done.append(s)
             out.append(Code.OK)
         self._pins.commit(done)
+        state.quarantine.writer_done(placeholders, writer)
         return out
 
     # -- taking objects back ------------------------------------------------------
@@ -360,10 +362,12 @@ class Writes:
                 return Code.ALREADY_EXISTS
             if not writer_may(t.pending[s].writer, writer):
                 return Code.IN_PROGRESS
-            drop(s)
+            drop(s, writer_done=True)
             return Code.OK
 
-        return self._per_key(keys, revoke)
+        out = self._per_key(keys, revoke)
+        self._state.quarantine.writer_done(keys, writer)
+        return out
 
     def remove(self, keys: Sequence[bytes], force: bool) -> list[Code]:
         """MasterCore.remove."""
@@ -430,7 +434,7 @@ class Writes:
         for s in zombies:
             keys.append(t.key_of[s])  # type: ignore[arg-type]
             size += t.size[s]
-            state.drop(s)
+            state.drop(s, writer_done=True)  # past the put timeout: its writer gave up
         state.counts.reclaimed += len(zombies)
         state.events.emit(Event(EventKind.RECLAIMED, keys, size))
         return len(zombies)

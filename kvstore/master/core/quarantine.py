@@ -1,0 +1,106 @@
+"""Space that may still be written after its object left the table.
+
+A writer copies into the ranges PutStart gave it with one-sided transfers the master
+cannot stop, and a store node copies into a tier move's destination the same way. When
+the object goes before that copy is known to be over (a replica's node was lost, so a
+PENDING object is dropped while its writer still writes its other replicas; a forced
+remove; an object removed while it moves), handing its ranges out again at once lets
+the next put be placed where the old copy still lands: that put is acknowledged, then
+its bytes are overwritten, and every read of it fails its checksum. So those ranges
+wait here, still allocated, until the copier says it is done (the writer's PutEnd,
+PutCommit or PutRevoke for the key, the node's answer for the move) or the put timeout
+has passed, by when a writer's transfers have given up.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .keys import norm_keys
+from .segments import Segment, SegmentMap
+
+# (segment, offset, length): an allocated range of a segment.
+Range = tuple[Segment, int, int]
+
+
+@dataclass(slots=True)
+class Held:
+    tag: tuple[str, bytes, str]
+    deadline: float
+    ranges: list[Range]
+    released: bool = False
+
+
+def put_tag(key: bytes, writer: str) -> tuple[str, bytes, str]:
+    """Ranges a writer may still be writing for `key` (a placeholder's key too)."""
+    return ("put", key, writer)
+
+
+def move_tag(key: bytes) -> tuple[str, bytes, str]:
+    """A move's destination the node may still be copying `key` into."""
+    return ("move", key, "")
+
+
+class Quarantine:
+    """Held ranges by tag, and in the order their deadlines pass."""
+
+    def __init__(self, segments: SegmentMap) -> None:
+        self._segments = segments
+        self._by_tag: dict[tuple[str, bytes, str], list[Held]] = {}
+        self._order: deque[Held] = deque()
+        self.held_bytes = 0
+
+    def hold(self, tag: tuple[str, bytes, str], deadline: float, ranges: list[Range]) -> None:
+        if not ranges:
+            return
+        held = Held(tag, deadline, ranges)
+        self._by_tag.setdefault(tag, []).append(held)
+        # Deadlines come from one put timeout after a start or from now, so they arrive
+        # almost in order; a late one only waits for those queued before it.
+        self._order.append(held)
+        self.held_bytes += sum(n for _, _, n in ranges)
+
+    @property
+    def active(self) -> bool:
+        return bool(self._by_tag)
+
+    def writer_done(self, keys: Iterable[object], writer: str) -> None:
+        """`writer` ended its put of each key (PutEnd, PutCommit of a placeholder,
+        PutRevoke: it sends them once its transfers are over), whatever the answer."""
+        if self._by_tag:
+            for k in norm_keys(keys):
+                if k is not None:
+                    self.release(put_tag(k, writer))
+
+    def release(self, tag: tuple[str, bytes, str]) -> None:
+        """The copier of `tag` is done: its ranges go back to their allocators."""
+        for held in self._by_tag.pop(tag, ()):
+            self._free(held)
+
+    def expire(self, now: float) -> None:
+        order = self._order
+        while order and (order[0].released or order[0].deadline <= now):
+            held = order.popleft()
+            if not held.released:
+                same = self._by_tag.get(held.tag)
+                if same is not None:
+                    same.remove(held)
+                    if not same:
+                        del self._by_tag[held.tag]
+                self._free(held)
+
+    def ranges(self) -> list[Range]:
+        """What is held now, on segments still mounted (for stats and tests)."""
+        by_id = self._segments.by_id
+        return [r for h in self._order if not h.released for r in h.ranges
+                if by_id.get(r[0].seg_id) is r[0]]
+
+    def _free(self, held: Held) -> None:
+        held.released = True
+        by_id = self._segments.by_id
+        for seg, off, n in held.ranges:
+            self.held_bytes -= n
+            if by_id.get(seg.seg_id) is seg:  # an unmounted segment took its ranges along
+                seg.alloc.free(off, n)
