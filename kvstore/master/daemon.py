@@ -19,12 +19,12 @@ from dataclasses import dataclass, replace
 import grpc
 
 from kvstore.addresses import join_address, split_address
-from kvstore.coord.etcd import Etcd
+from kvstore.coord.etcd import ETCD_ERRORS, Etcd
 from kvstore.coord.layout import Layout, MasterRecord, NodeRecord
 from kvstore.errors import Code, InvalidArgument, KVStoreError
 from kvstore.master.core import CoreConfig, MasterCore, MonotonicClock, TierMove
 from kvstore.master.durability import Recorder, queue_changes
-from kvstore.master.election import RETRIED, RETRY_PAUSE, Election
+from kvstore.master.election import RETRY_PAUSE, Election
 from kvstore.master.live_config import LiveConfig
 from kvstore.master.metrics import MasterMetrics
 from kvstore.master.nodes import NodeLinks
@@ -147,7 +147,7 @@ class MasterDaemon:
             await asyncio.wait({lost, stop}, return_when=asyncio.FIRST_COMPLETED)
             for task in (campaign, lost):
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, KVStoreError, *RETRIED):
+                with contextlib.suppress(asyncio.CancelledError, KVStoreError, *ETCD_ERRORS):
                     await task
             if not self._stop.is_set():
                 await self._stand_by()
@@ -166,7 +166,7 @@ class MasterDaemon:
         for task in tasks:
             task.cancel()
         for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, KVStoreError, *RETRIED):
+            with contextlib.suppress(asyncio.CancelledError, KVStoreError, *ETCD_ERRORS):
                 await task
 
     async def _stand_by(self) -> None:
@@ -276,13 +276,13 @@ class MasterDaemon:
                 async for ev in self.etcd.watch_prefix(self.layout.nodes, revision):
                     revision = ev.mod_revision + 1
                     await self._on_node_event(ev.kind, ev.key, ev.value, resync=False)
-            except RETRIED as exc:
+            except ETCD_ERRORS as exc:
                 log.warning("watching store nodes in etcd failed (%s); reading them again",
                             exc)
             await asyncio.sleep(RETRY_PAUSE)
             try:
                 records, at = await self.etcd.get_prefix(self.layout.nodes)
-            except RETRIED:
+            except ETCD_ERRORS:
                 continue
             seen = {key: raw for key, raw in records}
             for key, raw in seen.items():

@@ -27,9 +27,6 @@ from kvstore.coord.layout import Layout, MasterRecord
 
 log = logging.getLogger(__name__)
 
-# An old name of ETCD_ERRORS (what an unreachable or restarting etcd raises; each is
-# retried, never fatal), still imported by daemon.py.
-RETRIED = ETCD_ERRORS
 RETRY_PAUSE = 0.5  # s between tries while etcd is away
 
 
