@@ -171,6 +171,28 @@ def test_a_forced_remove_of_a_pending_object_holds_its_ranges_for_the_writer() -
     assert core.stats().pool_used == KiB
 
 
+def test_a_node_back_over_the_same_memory_keeps_the_held_ranges_held() -> None:
+    # A network cut longer than the node's etcd lease: the node is lost, mounts again
+    # over the same memory, and the copies the cut stalled land after it heals.
+    core, _ = make(nodes=1, seg_size=4 * KiB)
+    [p] = core.put_start([b"p"], [KiB], [0], replicas=1, writer="w")
+    held = _span("n0", p.locations)
+    assert core.unmount_node("n0") == [b"p"]
+    core.mount_segment("n0", "127.0.0.1:15000", 1 << 32, 4 * KiB)
+    for i in range(3):
+        [q] = core.put_start([b"q%d" % i], [KiB], [0], replicas=1, writer="v")
+        a, b = _span("n0", q.locations)
+        assert b <= held[0] or a >= held[1], "a held range was placed again"
+    assert core.put_end([b"p"], writer="w") == [Code.NOT_FOUND]
+    assert core.stats().pool_used == 3 * KiB
+    # Other memory (a restarted process mapped elsewhere): nothing to hold there.
+    core2, _ = make(nodes=1, seg_size=4 * KiB)
+    core2.put_start([b"p"], [KiB], [0], replicas=1, writer="w")
+    core2.unmount_node("n0")
+    core2.mount_segment("n0", "127.0.0.1:15001", 9 << 32, 4 * KiB)
+    assert core2.stats().pool_used == 0
+
+
 def test_a_revoke_frees_at_once() -> None:
     core, _ = make(nodes=1)
     core.put_start([b"p"], [KiB], [0], replicas=1, writer="w")

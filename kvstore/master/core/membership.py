@@ -60,7 +60,8 @@ class Membership:
                 return
             state.segments.remove(old)
             self._lose([old], node_id)
-        state.segments.add(node_id, segment, base_addr, size, t, alignment)
+        seg = state.segments.add(node_id, segment, base_addr, size, t, alignment)
+        state.quarantine.remounted(seg)
         state.departed.pop(node_id, None)
         state.refresh_pool()
 
@@ -95,6 +96,7 @@ class Membership:
         state = self._state
         t = self._t
         id_set = {seg.seg_id for seg in segments}
+        by_id = {seg.seg_id: seg for seg in segments}
         gone: list[bytes] = []
         gone_size = 0
         for s in state.slots_on(id_set):
@@ -104,7 +106,7 @@ class Membership:
             if not keep or t.pins[s] == PENDING:
                 gone.append(key)
                 gone_size += t.size[s]
-                state.drop(s)
+                state.drop(s, gone=by_id)
                 continue
             move = state.moves.get(s)
             state.set_replicas(s, keep, state.footprint(keep, t.size[s]),

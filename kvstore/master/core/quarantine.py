@@ -10,6 +10,12 @@ its bytes are overwritten, and every read of it fails its checksum. So those ran
 wait here, still allocated, until the copier says it is done (the writer's PutEnd,
 PutCommit or PutRevoke for the key, the node's answer for the move) or the put timeout
 has passed, by when a writer's transfers have given up.
+
+A node that lost its etcd lease but kept running (a network cut longer than the lease)
+mounts again over the very same memory, and copies stalled by the cut are delivered
+when it heals. So ranges held on a segment that went are kept, detached, and held
+again in the segment that next mounts over the same memory (same node, tier, address
+and size), before anything is placed there.
 """
 
 from __future__ import annotations
@@ -23,6 +29,12 @@ from .segments import Segment, SegmentMap
 
 # (segment, offset, length): an allocated range of a segment.
 Range = tuple[Segment, int, int]
+# (node id, tier, base address, size): the memory a segment maps.
+Memory = tuple[str, str, int, int]
+
+
+def memory_of(seg: Segment) -> Memory:
+    return (seg.node_id, seg.tier, seg.base_addr, seg.size)
 
 
 @dataclass(slots=True)
@@ -50,12 +62,19 @@ class Quarantine:
         self._segments = segments
         self._by_tag: dict[tuple[str, bytes, str], list[Held]] = {}
         self._order: deque[Held] = deque()
+        # Ranges of held objects on segments that went, until one mounts over the same
+        # memory again: (its Held, the memory, offset, length).
+        self._detached: list[tuple[Held, Memory, int, int]] = []
         self.held_bytes = 0
 
-    def hold(self, tag: tuple[str, bytes, str], deadline: float, ranges: list[Range]) -> None:
-        if not ranges:
+    def hold(self, tag: tuple[str, bytes, str], deadline: float, ranges: list[Range],
+             detached: list[tuple[Memory, int, int]] | None = None) -> None:
+        """Hold `ranges` (and `detached`: ranges of segments no longer mounted)."""
+        if not ranges and not detached:
             return
         held = Held(tag, deadline, ranges)
+        for memory, off, n in detached or ():
+            self._detached.append((held, memory, off, n))
         self._by_tag.setdefault(tag, []).append(held)
         # Deadlines come from one put timeout after a start or from now, so they arrive
         # almost in order; a late one only waits for those queued before it.
@@ -74,6 +93,24 @@ class Quarantine:
                 if k is not None:
                     self.release(put_tag(k, writer))
 
+    def remounted(self, seg: Segment) -> None:
+        """`seg` was just mounted: hold again the ranges held in the same memory when
+        the segment that mapped it went."""
+        if not self._detached:
+            return
+        memory = memory_of(seg)
+        left: list[tuple[Held, Memory, int, int]] = []
+        for entry in self._detached:
+            held, m, off, n = entry
+            if held.released:
+                continue
+            if m != memory:
+                left.append(entry)
+            elif seg.alloc.reserve(off, n):
+                held.ranges.append((seg, off, n))
+                self.held_bytes += n
+        self._detached = left
+
     def release(self, tag: tuple[str, bytes, str]) -> None:
         """The copier of `tag` is done: its ranges go back to their allocators."""
         for held in self._by_tag.pop(tag, ()):
@@ -90,6 +127,10 @@ class Quarantine:
                     if not same:
                         del self._by_tag[held.tag]
                 self._free(held)
+        if self._detached and not order:
+            self._detached.clear()
+        elif self._detached:
+            self._detached = [d for d in self._detached if not d[0].released]
 
     def ranges(self) -> list[Range]:
         """What is held now, on segments still mounted (for stats and tests)."""

@@ -32,7 +32,7 @@ from .config import CoreConfig
 from .eviction import LruList
 from .leases import LeaseTable
 from .objects import PENDING, ObjectTable
-from .quarantine import Quarantine, Range, move_tag, put_tag
+from .quarantine import Memory, Quarantine, Range, memory_of, move_tag, put_tag
 from .results import Event, Location, MoveKind, NodeInfo, ReplicaChange, TierMove, location
 from .segments import DRAM, OFFSET_BITS, OFFSET_MASK, SSD, Segment, SegmentMap, alloc_size
 from .window import RecentCounts
@@ -319,18 +319,24 @@ class CoreState:
             seg.replicas -= 1
 
     def hold_replicas(self, handles: Iterable[int], size: int, tag: tuple[str, bytes, str],
-                      deadline: float) -> None:
+                      deadline: float, gone: dict[int, Segment] | None = None) -> None:
         """Like free_replicas, except that the ranges stay allocated, in the quarantine
-        under `tag` until `deadline` (or its release)."""
+        under `tag` until `deadline` (or its release). `gone`: segments just unmounted
+        (by id), whose ranges are held for a segment mounted over the same memory."""
         by_id = self.segments.by_id
         ranges: list[Range] = []
+        detached: list[tuple[Memory, int, int]] = []
         for h in handles:
             seg = by_id.get(h >> OFFSET_BITS)
             if seg is None:
+                lost = gone.get(h >> OFFSET_BITS) if gone else None
+                if lost is not None:
+                    detached.append((memory_of(lost), h & OFFSET_MASK,
+                                     alloc_size(lost.tier, size)))
                 continue
             ranges.append((seg, h & OFFSET_MASK, alloc_size(seg.tier, size)))
             seg.replicas -= 1
-        self.quarantine.hold(tag, deadline, ranges)
+        self.quarantine.hold(tag, deadline, ranges, detached)
 
     def _hold_deadline(self) -> float:
         return self.clock.now() + self.config.put_timeout
@@ -403,13 +409,15 @@ class CoreState:
 
     # -- the one way out ----------------------------------------------------------
 
-    def drop(self, s: int, frees: Frees | None = None, writer_done: bool = False) -> None:
+    def drop(self, s: int, frees: Frees | None = None, writer_done: bool = False,
+             gone: dict[int, Segment] | None = None) -> None:
         """Forget an object and free its replicas on the segments still mounted (and a
         move's reservation). `frees`: see free_replicas. A PENDING object's ranges are
         held in the quarantine instead, until its writer's next call for the key or its
         put timeout, unless the caller knows the writer is done with them
         (`writer_done`: its own revoke, or the timeout passed); so is a move's
-        destination, until the node answers for the move (quarantine.py)."""
+        destination, until the node answers for the move (quarantine.py). `gone`: see
+        hold_replicas."""
         t = self.objects
         size = t.size[s]
         p = t.pins[s]
@@ -420,13 +428,14 @@ class CoreState:
             pw = t.pending.get(s)
             deadline = pw.deadline if pw is not None else self._hold_deadline()
             self.hold_replicas(t.handles(s), size, put_tag(key, pw.writer if pw else ""),
-                               deadline)
+                               deadline, gone)
         else:
             self.free_replicas(t.handles(s), size, frees)
         move = self.moves.pop(s, None)
         if move is not None:
             if key is not None:
-                self.hold_replicas((move.dest,), size, move_tag(key), self._hold_deadline())
+                self.hold_replicas((move.dest,), size, move_tag(key), self._hold_deadline(),
+                                   gone)
             else:
                 self.free_replicas((move.dest,), size)
             if move.kind == MoveKind.DEMOTE:
