@@ -103,6 +103,14 @@ class TlsMismatch(Unavailable):
     the client only; never on the wire."""
 
 
+class Unsettled(Unavailable):
+    """A write to a store node that ended without the engine's answer (abandoned at the
+    client's timeout, or failed after its bytes were sent): some of them may still land.
+    The client revokes such a put as unsettled, so that the master holds its space until
+    the put timeout instead of placing another object there. Putting it again is safe.
+    Raised by the client only; never on the wire."""
+
+
 class Unauthenticated(KVStoreError):
     """No token, or one the server does not know: check the client's token."""
 

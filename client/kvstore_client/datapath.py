@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from kvstore.checksum import checksum
-from kvstore.errors import KVStoreError, Unavailable
+from kvstore.errors import KVStoreError, Unavailable, Unsettled
 from kvstore.transfer import Transfer
 from kvstore_client.clock import MONOTONIC, Clock, MonotonicClock
 from kvstore_client.local import LocalSegment, LocalSegments
@@ -206,7 +206,7 @@ class DataPath:
                 op(target[0], [x.local for x in items], [x.remote for x in items],
                    [x.size for x in items])
             except KVStoreError as exc:
-                failed[target] = exc
+                failed[target] = Unsettled(str(exc)) if write else exc
                 self.saw_failure(target)
                 continue
             if not write:
@@ -218,6 +218,8 @@ class DataPath:
             return
         targets = {p[1] for p in pending}
         verb = "writing to" if write else "reading from"
+        # A write that ends without the engine's success may still land (see Unsettled).
+        failure: type[Unavailable] = Unsettled if write else Unavailable
         deadline = t.deadline
         status = self.transfer.status
         now = self.now
@@ -238,7 +240,7 @@ class DataPath:
                         still.append(p)
                         waiting += 1
                     elif st < 0:
-                        failed.setdefault(p[1], Unavailable(
+                        failed.setdefault(p[1], failure(
                             f"{verb} store node {p[1][0]} failed; the node may be down"))
                     elif not write:
                         for x in p[2]:
@@ -255,7 +257,7 @@ class DataPath:
             if now() > deadline:
                 # Abandoned, as the engine's own blocking calls do after their timeout.
                 for p in pending:
-                    failed.setdefault(p[1], Unavailable(
+                    failed.setdefault(p[1], failure(
                         f"{verb} store node {p[1][0]} did not finish in time (the client's "
                         "timeout); the node may be frozen or cut off"))
                 break

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvstore.checksum import checksum
-from kvstore.errors import Code, InvalidArgument, KVStoreError, error_for
+from kvstore.errors import Code, InvalidArgument, KVStoreError, Unsettled, error_for
 from kvstore.v1 import master_pb2 as pb
 from kvstore_client.buffers import Dest, byte_view, checked_keys
 from kvstore_client.datapath import Plan, Target, Ticket, Xfer
@@ -101,6 +101,10 @@ def _reserve(st: ClientState, rs: Reservations, sizes: list[int]) -> Flow[None]:
     stale = rs.expired()
     if stale:
         yield Later("PutRevoke", pb.KeysRequest(keys=stale, writer=st.writer_id), _ignore)
+    unsettled = rs.take_unsettled()
+    if unsettled:
+        yield Later("PutRevoke", pb.KeysRequest(keys=unsettled, writer=st.writer_id,
+                                                unsettled=True), _ignore)
     asked = rs.wanted(sizes, st.replicas)
     if asked:
         sent, replicas = st.now(), st.replicas
@@ -134,8 +138,9 @@ def _put_reserved(st: ClientState, keys: list[bytes], srcs: list[Dest],
     again: list[int] = []
     commit: list[int] = []
     for i, r in enumerate(taken):
-        if failed and any(target in failed for target, _ in r.locations):
-            rs.lost(r)
+        bad = [failed[t] for t, _ in r.locations if t in failed] if failed else []
+        if bad:
+            rs.lost(r, unsettled=any(isinstance(e, Unsettled) for e in bad))
             again.append(i)
         else:
             commit.append(i)
@@ -280,7 +285,11 @@ def _put_end(st: ClientState, keys: list[bytes], srcs: list[Dest], group: _Start
             else:
                 commit.append(i)
     if revoke:
-        yield Rpc("PutRevoke", pb.KeysRequest(keys=[keys[i] for i in revoke], writer=st.writer_id))
+        # Bytes of a write that ended without the engine's answer may still land: the
+        # master then holds the space until its put timeout (see Unsettled).
+        unsettled = any(isinstance(results[i], Unsettled) for i in revoke)
+        yield Rpc("PutRevoke", pb.KeysRequest(keys=[keys[i] for i in revoke], writer=st.writer_id,
+                                              unsettled=unsettled))
     if commit:
         end = yield Rpc("PutEnd", pb.KeysRequest(keys=[keys[i] for i in commit],
                                                  writer=st.writer_id))

@@ -68,8 +68,8 @@ class Reserved:
 
 
 class Reservations:
-    __slots__ = ("_asked", "_cool", "_epoch", "_last", "_names", "_pool", "_prefix", "budget",
-                 "clock", "held", "max_age", "stale")
+    __slots__ = ("_asked", "_cool", "_epoch", "_last", "_names", "_pool", "_prefix",
+                 "_unsettled", "budget", "clock", "held", "max_age", "stale")
 
     def __init__(self, writer: str, budget: int = DEFAULT_BUDGET,
                  max_age: float = MAX_AGE, clock: Clock = MONOTONIC) -> None:
@@ -87,6 +87,8 @@ class Reservations:
         self._cool: dict[Shape, float] = {}  # shape -> not asked for again before then
         self._last: tuple[int, set[int]] = (0, set())  # the previous put: replicas, sizes
         self.stale: list[bytes] = []  # placeholders never to be written again: to revoke
+        # Placeholders lost with writes that may still land: revoked as unsettled.
+        self._unsettled: list[bytes] = []
 
     def __len__(self) -> int:
         return sum(len(q) for q in self._pool.values())
@@ -123,9 +125,15 @@ class Reservations:
         self._pool.setdefault((r.size, replicas), deque()).append(r)
         self.held += r.size * len(r.locations)
 
-    def lost(self, r: Reserved) -> None:
-        """A placeholder whose transfer failed: never written again, revoked."""
-        self.stale.append(r.key)
+    def lost(self, r: Reserved, unsettled: bool = False) -> None:
+        """A placeholder whose transfer failed: never written again, revoked
+        (`unsettled`: as one whose bytes may still land, see kvstore.errors.Unsettled)."""
+        (self._unsettled if unsettled else self.stale).append(r.key)
+
+    def take_unsettled(self) -> list[bytes]:
+        """The placeholders lost as unsettled since the last call: to revoke so."""
+        out, self._unsettled = self._unsettled, []
+        return out
 
     def asking(self) -> bool:
         """Whether placeholders were asked for and not answered yet."""

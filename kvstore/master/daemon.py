@@ -225,9 +225,14 @@ class MasterDaemon:
         log.info("access file %s reloaded: %d token(s), %d tenant(s)", access.source,
                  len(access.principals), len(access.tenants))
 
-    def _mount(self, raw: bytes) -> str | None:
+    def _mount(self, raw: bytes, adopting: bool = False) -> str | None:
+        """Mount the node a record describes; `adopting`: with no placements on it
+        until the caller has replayed its inventory (MasterCore.set_adopting)."""
+        node: NodeRecord | None = None
         try:
             node = NodeRecord.decode(raw)
+            if adopting:
+                self.core.set_adopting(node.node_id, True)
             prev = self._records.get(node.node_id)
             if prev is not None and (prev.pid, prev.segment) != (node.pid, node.segment):
                 # The node restarted: it holds only what its inventory will say now.
@@ -240,6 +245,8 @@ class MasterDaemon:
             self._records[node.node_id] = node
         except (ValueError, TypeError, KeyError, KVStoreError) as exc:
             log.error("ignoring a bad node record in etcd (%s): %r", exc, raw[:200])
+            if node is not None and adopting:
+                self.core.set_adopting(node.node_id, False)
             return None
         self.links.set_node(node.node_id, node.service, node.tls, node.deltas)
         log.info("mounted node %s (%s, %d bytes)", node.node_id, node.segment, node.size)
@@ -298,9 +305,14 @@ class MasterDaemon:
         as mounted already is left as it is."""
         if kind == "put":
             known = self._records.get(key[len(self.layout.nodes):].decode(errors="replace"))
-            node_id = self._mount(value)
-            if node_id is not None and not (resync and known == self._records.get(node_id)):
-                await self._adopt(node_id)
+            node_id = self._mount(value, adopting=True)
+            if node_id is None:
+                return
+            try:
+                if not (resync and known == self._records.get(node_id)):
+                    await self._adopt(node_id)
+            finally:
+                self.core.set_adopting(node_id, False)
             return
         node_id = key[len(self.layout.nodes):].decode(errors="replace")
         gone = self.core.unmount_node(node_id)

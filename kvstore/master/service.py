@@ -285,7 +285,8 @@ class MasterService(pbg.MasterServicer):
         return self._codes(codes)
 
     def put_revoke(self, request: pb.KeysRequest) -> pb.CodesResponse:
-        return self._codes(self.core.put_revoke(self._keys(request.keys), request.writer))
+        return self._codes(self.core.put_revoke(self._keys(request.keys), request.writer,
+                                                unsettled=request.unsettled))
 
     def put_commit(self, request: pb.PutCommitRequest) -> pb.CodesResponse:
         keys = self._keys(request.keys)

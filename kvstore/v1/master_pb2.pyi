@@ -8,12 +8,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class KeysRequest(_message.Message):
-    __slots__ = ("keys", "writer")
+    __slots__ = ("keys", "writer", "unsettled")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     WRITER_FIELD_NUMBER: _ClassVar[int]
+    UNSETTLED_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     writer: str
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., writer: _Optional[str] = ...) -> None: ...
+    unsettled: bool
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., writer: _Optional[str] = ..., unsettled: _Optional[bool] = ...) -> None: ...
 
 class CodesResponse(_message.Message):
     __slots__ = ("error", "epoch", "codes", "messages")

@@ -164,6 +164,7 @@ class FakeMaster:
         self.moving_at_release: list[int] = []
         self.knows_unpinned = True  # False: a master older than GetReplicas.unpinned
         self.reply_polls = 0  # FakeControl.ready says no this many times per reply
+        self.revoked_unsettled: list[bool] = []  # PutRevoke's flag, per call
 
     def call(self, method: str, request: Any) -> Any:
         n = self.calls[method] = self.calls.get(method, 0) + 1
@@ -193,6 +194,7 @@ class FakeMaster:
         return pb.CodesResponse(codes=[Code.OK] * len(req.keys), epoch=self.epoch)
 
     def PutRevoke(self, req: pb.KeysRequest) -> pb.CodesResponse:
+        self.revoked_unsettled.append(req.unsettled)
         codes = []
         for key in req.keys:
             codes.append(Code.OK if self.pending.pop(key, None) else Code.NOT_FOUND)
@@ -512,10 +514,14 @@ def test_a_failed_node_fails_its_group_and_is_not_tried_again(rig: Rig) -> None:
     # seen and goes nowhere: the node is given up for the rest of the call.
     rig.transfer.fail_remote = {rig.node.base + 2 * size + 100}
     errs = rig.client.put_from(keys, _slices(src, n, size))
+    # A failure after the bytes were sent is unsettled (they may still land): the
+    # revoke says so, and the master holds the space until its put timeout.
     assert [type(e).__name__ if e else None for e in errs] == \
-        [None, None, "Unavailable", "Unavailable", None, None, "Unavailable", "Unavailable"]
+        [None, None, "Unsettled", "Unsettled", None, None, "Unsettled", "Unsettled"]
+    assert all(isinstance(e, Unavailable) for e in errs if e)
     revoked = [e[2] for e in rig.trace if e[:2] == ("rpc", "PutRevoke")]
     assert revoked == [[keys[2], keys[3]], [keys[6], keys[7]]]
+    assert rig.master.revoked_unsettled == [True, True]
     assert sorted(rig.master.objects) == sorted(keys[:2] + keys[4:6])
     assert sum(e[0] == "start" for e in rig.trace) == 3 * 2 * 2  # 3 groups x 2 objects x 2 pieces
     assert not rig.master.pending and not rig.transfer.moving

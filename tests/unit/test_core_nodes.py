@@ -284,3 +284,41 @@ def test_stats_per_node_pinned_counts() -> None:
         assert (n.pinned_objects, n.pinned_bytes) == (2, 2 * KiB)
     assert st.nodes["n0"].objects + st.nodes["n1"].objects == 7
     assert st.pool_pinned == 4 * KiB
+
+
+def test_an_unsettled_revoke_frees_the_key_and_holds_the_space_until_the_put_timeout() -> None:
+    # The writer gave up on transfers the engine may still complete: the key may be put
+    # again at once, but not into the space the late bytes may land in.
+    core, clock = make(nodes=1, seg_size=2 * KiB, put_timeout=30.0)
+    [p] = core.put_start([b"p"], [KiB], [0], replicas=1, writer="w")
+    assert core.put_revoke([b"p"], writer="w", unsettled=True) == [Code.OK]
+    [again] = core.put_start([b"p"], [KiB], [0], replicas=1, writer="w")
+    assert again.code == Code.OK
+    assert _span("n0", again.locations) != _span("n0", p.locations)
+    assert core.put_end([b"p"], writer="w") == [Code.OK]
+    # put_end of the new write is no word on the old one's transfers: still held (the
+    # next put evicts rather than take it).
+    [q] = core.put_start([b"q"], [KiB], [0], replicas=1, writer="v")
+    assert q.code == Code.OK and _span("n0", q.locations) == _span("n0", again.locations)
+    assert core.put_end([b"q"], writer="v") == [Code.OK]
+    clock.advance(31.0)
+    core.tick()
+    [r] = core.put_start([b"r"], [KiB], [0], replicas=1, writer="v")
+    assert r.code == Code.OK and _span("n0", r.locations) == _span("n0", p.locations)
+
+
+def test_a_node_replaying_its_inventory_gets_no_placements_until_it_is_done() -> None:
+    # A node mounted again still holds objects the leader has not adopted yet: a new
+    # object placed over one of them would have that entry refused and the object lost.
+    core, _ = make(nodes=2)
+    core.set_adopting("n0", True)
+    for i in range(6):
+        put(core, [b"a%d" % i])
+        assert nodes_of(core, b"a%d" % i) == ["n1"]
+    assert core.adopt_replica(b"old", KiB, 7, "n0", 0, "dram") == Code.OK
+    core.set_adopting("n0", False)
+    placed = set()
+    for i in range(6):
+        put(core, [b"b%d" % i])
+        placed.update(nodes_of(core, b"b%d" % i))
+    assert "n0" in placed

@@ -190,11 +190,14 @@ class MasterCore:
         """
         return self._writes.put_commit(placeholders, keys, sizes, checksums, writer)
 
-    def put_revoke(self, keys: Sequence[bytes], writer: str = "") -> list[Code]:
+    def put_revoke(self, keys: Sequence[bytes], writer: str = "",
+                   unsettled: bool = False) -> list[Code]:
         """Free PENDING objects: OK; NOT_FOUND when not there; ALREADY_EXISTS when
         COMPLETE (committed objects are not revoked; use remove); IN_PROGRESS when
-        another named writer holds it."""
-        return self._writes.put_revoke(keys, writer)
+        another named writer holds it. `unsettled`: the writer's transfers ended
+        without an answer, so bytes may still land; the keys are free at once, their
+        space is held until the put timeout (quarantine.py)."""
+        return self._writes.put_revoke(keys, writer, unsettled)
 
     def remove(self, keys: Sequence[bytes], force: bool = False) -> list[Code]:
         """Drop objects: OK, NOT_FOUND, or IN_PROGRESS for a PENDING or pinned object
@@ -395,6 +398,13 @@ class MasterCore:
 
     def draining(self) -> list[str]:
         return sorted(self._state.draining)
+
+    def set_adopting(self, node_id: str, adopting: bool) -> None:
+        """While a node mounted again replays its inventory (adopt_replica), place
+        nothing new on it: a new object could take the range of one it still holds,
+        whose entry would then be refused and the object lost. Like draining, without
+        the operator's mark."""
+        self._membership.set_adopting(node_id, adopting)
 
     def drain(self, node_id: str, limit: int = 1000) -> DrainReport:
         """Admin: one step of emptying a node; marks it draining first.

@@ -197,6 +197,15 @@ class Membership:
             state.draining.discard(node_id)
         state.refresh_pool()
 
+    def set_adopting(self, node_id: str, adopting: bool) -> None:
+        """MasterCore.set_adopting."""
+        state = self._state
+        if adopting:
+            state.adopting.add(node_id)
+        else:
+            state.adopting.discard(node_id)
+        state.refresh_pool()
+
     def drain(self, node_id: str, limit: int) -> DrainReport:
         """MasterCore.drain."""
         if limit < 1:

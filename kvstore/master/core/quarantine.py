@@ -50,6 +50,13 @@ def put_tag(key: bytes, writer: str) -> tuple[str, bytes, str]:
     return ("put", key, writer)
 
 
+def timeout_tag(key: bytes) -> tuple[str, bytes, str]:
+    """Ranges only the put timeout gives back: the writer said its transfers for `key`
+    ended without an answer (an unsettled PutRevoke), so no later call of its vouches
+    for them."""
+    return ("timeout", key, "")
+
+
 def move_tag(key: bytes) -> tuple[str, bytes, str]:
     """A move's destination the node may still be copying `key` into."""
     return ("move", key, "")

@@ -32,7 +32,7 @@ from .config import CoreConfig
 from .eviction import LruList
 from .leases import LeaseTable
 from .objects import PENDING, ObjectTable
-from .quarantine import Memory, Quarantine, Range, memory_of, move_tag, put_tag
+from .quarantine import Memory, Quarantine, Range, memory_of, move_tag, put_tag, timeout_tag
 from .results import Event, Location, MoveKind, NodeInfo, ReplicaChange, TierMove, location
 from .segments import DRAM, OFFSET_BITS, OFFSET_MASK, SSD, Segment, SegmentMap, alloc_size
 from .window import RecentCounts
@@ -235,6 +235,10 @@ class CoreState:
         # Nodes that get no new placements (kvstore drain). Kept while unmounted, so a
         # draining node that restarts stays draining.
         self.draining: set[str] = set()
+        # Nodes mounted again whose inventory is still being replayed (set_adopting):
+        # no placements there until it is, or a new object takes the range of one the
+        # node still holds and the node's entry is refused.
+        self.adopting: set[str] = set()
         # Nodes gone recently, listed by node_list() for config.departed_retention s.
         self.departed: dict[str, NodeInfo] = {}
         # No eviction before this clock time (after a failover, see hold_eviction_until).
@@ -277,7 +281,8 @@ class CoreState:
         self.tiered = bool(self.segments.tier(SSD))
         # Draining nodes get no new placements, and their DRAM is not in the pool the
         # watermarks watch: the rest of the cluster must hold the working set.
-        self.dram = [s for s in self.segments.tier(DRAM) if s.node_id not in self.draining]
+        self.dram = [s for s in self.segments.tier(DRAM)
+                     if s.node_id not in self.draining and s.node_id not in self.adopting]
         self.pool_capacity = sum(s.alloc.capacity for s in self.dram)
 
     def pool_used(self) -> int:
@@ -410,14 +415,15 @@ class CoreState:
     # -- the one way out ----------------------------------------------------------
 
     def drop(self, s: int, frees: Frees | None = None, writer_done: bool = False,
-             gone: dict[int, Segment] | None = None) -> None:
+             gone: dict[int, Segment] | None = None, unsettled: bool = False) -> None:
         """Forget an object and free its replicas on the segments still mounted (and a
         move's reservation). `frees`: see free_replicas. A PENDING object's ranges are
         held in the quarantine instead, until its writer's next call for the key or its
         put timeout, unless the caller knows the writer is done with them
         (`writer_done`: its own revoke, or the timeout passed); so is a move's
         destination, until the node answers for the move (quarantine.py). `gone`: see
-        hold_replicas."""
+        hold_replicas. `unsettled`: the writer's own revoke of transfers that ended
+        without an answer; held until the put timeout, whatever it says later."""
         t = self.objects
         size = t.size[s]
         p = t.pins[s]
@@ -427,8 +433,8 @@ class CoreState:
         if p == PENDING and not writer_done and key is not None:
             pw = t.pending.get(s)
             deadline = pw.deadline if pw is not None else self._hold_deadline()
-            self.hold_replicas(t.handles(s), size, put_tag(key, pw.writer if pw else ""),
-                               deadline, gone)
+            tag = timeout_tag(key) if unsettled else put_tag(key, pw.writer if pw else "")
+            self.hold_replicas(t.handles(s), size, tag, deadline, gone)
         else:
             self.free_replicas(t.handles(s), size, frees)
         move = self.moves.pop(s, None)

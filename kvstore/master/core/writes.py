@@ -352,21 +352,23 @@ class Writes:
 
     # -- taking objects back ------------------------------------------------------
 
-    def put_revoke(self, keys: Sequence[bytes], writer: str) -> list[Code]:
+    def put_revoke(self, keys: Sequence[bytes], writer: str, unsettled: bool = False) -> list[Code]:
         """MasterCore.put_revoke."""
         t = self._t
         drop = self._state.drop
+        settled = not unsettled
 
         def revoke(_key: bytes, s: int) -> Code:
             if t.pins[s] != PENDING:
                 return Code.ALREADY_EXISTS
             if not writer_may(t.pending[s].writer, writer):
                 return Code.IN_PROGRESS
-            drop(s, writer_done=True)
+            drop(s, writer_done=settled, unsettled=unsettled)
             return Code.OK
 
         out = self._per_key(keys, revoke)
-        self._state.quarantine.writer_done(keys, writer)
+        if settled:
+            self._state.quarantine.writer_done(keys, writer)
         return out
 
     def remove(self, keys: Sequence[bytes], force: bool) -> list[Code]:
