@@ -322,3 +322,20 @@ def test_a_node_replaying_its_inventory_gets_no_placements_until_it_is_done() ->
         put(core, [b"b%d" % i])
         placed.update(nodes_of(core, b"b%d" % i))
     assert "n0" in placed
+
+
+def test_a_range_held_when_its_node_goes_is_held_again_when_it_comes_back() -> None:
+    # Held first on a mounted node (the object went with another node), then that node
+    # is cut off too and comes back over the same memory: still held for the writer.
+    core, _ = make(nodes=2, seg_size=4 * KiB)
+    [p] = core.put_start([b"p"], [KiB], [0], replicas=2, writer="w")
+    held = _span("n1", p.locations)
+    core.unmount_node("n0")
+    core.unmount_node("n1")
+    core.mount_segment("n1", "127.0.0.1:15001", 2 << 32, 4 * KiB)
+    for i in range(3):
+        [q] = core.put_start([b"q%d" % i], [KiB], [0], replicas=1, writer="v")
+        a, b = _span("n1", q.locations)
+        assert b <= held[0] or a >= held[1], "a held range was placed again"
+    assert core.put_end([b"p"], writer="w") == [Code.NOT_FOUND]
+    assert core.stats().pool_used == 3 * KiB

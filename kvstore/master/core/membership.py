@@ -59,6 +59,7 @@ class Membership:
             if old.same_geometry(segment, base_addr, size):
                 return
             state.segments.remove(old)
+            state.quarantine.unmounted([old])
             self._lose([old], node_id)
         seg = state.segments.add(node_id, segment, base_addr, size, t, alignment)
         state.quarantine.remounted(seg)
@@ -74,6 +75,7 @@ class Membership:
         gone = state.segments.remove_node(node_id)
         if not gone:
             return []
+        state.quarantine.unmounted(gone)
         state.departed[node_id] = departed
         state.refresh_pool()
         lost = self._lose(gone, node_id)

@@ -100,6 +100,24 @@ class Quarantine:
                 if k is not None:
                     self.release(put_tag(k, writer))
 
+    def unmounted(self, segments: Iterable[Segment]) -> None:
+        """`segments` went: what is held on them is held detached, for a segment that
+        mounts over the same memory again."""
+        gone = {seg.seg_id: seg for seg in segments}
+        if not gone or not self._by_tag:
+            return
+        for held in self._order:
+            if held.released or not any(r[0].seg_id in gone for r in held.ranges):
+                continue
+            kept: list[Range] = []
+            for seg, off, n in held.ranges:
+                if gone.get(seg.seg_id) is seg:
+                    self._detached.append((held, memory_of(seg), off, n))
+                    self.held_bytes -= n
+                else:
+                    kept.append((seg, off, n))
+            held.ranges = kept
+
     def remounted(self, seg: Segment) -> None:
         """`seg` was just mounted: hold again the ranges held in the same memory when
         the segment that mapped it went."""
