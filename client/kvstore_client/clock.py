@@ -1,4 +1,5 @@
-"""Where the client's flows get their time from: the clock in the state, never `time`.
+"""Where the client's flows get their time from: the clock in the state, never `time`
+(kvstore.clock, shared with the master core).
 
 Every deadline a flow keeps (a read lease's, a put's BUSY budget, a transfer batch's,
 how fresh a placement or a node's last answer is) is a number on this clock, so a test
@@ -9,41 +10,6 @@ jumps when the wall clock is set. Sleeping is not the clock's business: a flow y
 
 from __future__ import annotations
 
-import time
-from typing import Protocol
+from kvstore.clock import MONOTONIC, Clock, ManualClock, MonotonicClock
 
-
-class Clock(Protocol):
-    def now(self) -> float:
-        """Seconds on a clock that never goes backwards."""
-        ...
-
-
-class MonotonicClock:
-    """A client's clock: this host's time.monotonic(), looked up at each call (so a test
-    that patches time.monotonic moves it too)."""
-
-    __slots__ = ()
-
-    def now(self) -> float:
-        return time.monotonic()
-
-
-MONOTONIC = MonotonicClock()
-
-
-class ManualClock:
-    """A clock that moves only when a test says so; `advance` doubles as a driver's sleep."""
-
-    __slots__ = ("_now",)
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self._now = float(start)
-
-    def now(self) -> float:
-        return self._now
-
-    def advance(self, seconds: float) -> None:
-        if seconds < 0:
-            raise ValueError("a monotonic clock cannot go backwards")
-        self._now += seconds
+__all__ = ["MONOTONIC", "Clock", "ManualClock", "MonotonicClock"]
