@@ -124,6 +124,15 @@ def _span(node: str, locations: list) -> tuple[int, int]:
     return loc.addr, loc.addr + loc.size
 
 
+def _fill_around(core: MasterCore, node: str, held: tuple[int, int], n: int = 3) -> None:
+    """Put n 1 KiB objects (the rest of `node`'s space): none may overlap `held`."""
+    for i in range(n):
+        [q] = core.put_start([b"q%d" % i], [KiB], [0], replicas=1, writer="v")
+        assert q.code == Code.OK
+        a, b = _span(node, q.locations)
+        assert b <= held[0] or a >= held[1], "a held range was placed again"
+
+
 def test_a_dropped_pending_objects_other_ranges_wait_for_its_writer() -> None:
     # The writer of a PENDING object still copies into its surviving replica after the
     # object was dropped with its other node: that range is not placed again before
@@ -132,13 +141,7 @@ def test_a_dropped_pending_objects_other_ranges_wait_for_its_writer() -> None:
     [p] = core.put_start([b"p"], [KiB], [0], replicas=2, writer="w")
     held = _span("n1", p.locations)
     assert core.unmount_node("n0") == [b"p"]
-    placed = []
-    for i in range(3):  # n1's other three KiB
-        [q] = core.put_start([b"q%d" % i], [KiB], [0], replicas=1, writer="v")
-        assert q.code == Code.OK
-        a, b = _span("n1", q.locations)
-        assert b <= held[0] or a >= held[1], "a held range was placed again"
-        placed.append(b"q%d" % i)
+    _fill_around(core, "n1", held)  # n1's other three KiB
     [full] = core.put_start([b"r"], [KiB], [0], replicas=1, writer="v")
     assert full.code == Code.STORE_FULL
     assert core.stats().pool_used == 4 * KiB
@@ -179,10 +182,7 @@ def test_a_node_back_over_the_same_memory_keeps_the_held_ranges_held() -> None:
     held = _span("n0", p.locations)
     assert core.unmount_node("n0") == [b"p"]
     core.mount_segment("n0", "127.0.0.1:15000", 1 << 32, 4 * KiB)
-    for i in range(3):
-        [q] = core.put_start([b"q%d" % i], [KiB], [0], replicas=1, writer="v")
-        a, b = _span("n0", q.locations)
-        assert b <= held[0] or a >= held[1], "a held range was placed again"
+    _fill_around(core, "n0", held)
     assert core.put_end([b"p"], writer="w") == [Code.NOT_FOUND]
     assert core.stats().pool_used == 3 * KiB
     # Other memory (a restarted process mapped elsewhere): nothing to hold there.
@@ -333,9 +333,6 @@ def test_a_range_held_when_its_node_goes_is_held_again_when_it_comes_back() -> N
     core.unmount_node("n0")
     core.unmount_node("n1")
     core.mount_segment("n1", "127.0.0.1:15001", 2 << 32, 4 * KiB)
-    for i in range(3):
-        [q] = core.put_start([b"q%d" % i], [KiB], [0], replicas=1, writer="v")
-        a, b = _span("n1", q.locations)
-        assert b <= held[0] or a >= held[1], "a held range was placed again"
+    _fill_around(core, "n1", held)
     assert core.put_end([b"p"], writer="w") == [Code.NOT_FOUND]
     assert core.stats().pool_used == 3 * KiB

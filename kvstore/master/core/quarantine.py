@@ -20,12 +20,22 @@ and size), before anything is placed there.
 
 from __future__ import annotations
 
+import enum
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .keys import norm_keys
 from .segments import Segment, SegmentMap
+
+
+class Until(enum.Enum):
+    """How long a PENDING object's ranges stay held when it is dropped (CoreState.drop)."""
+
+    WRITER = "writer"  # until its writer's next call for the key, or the put timeout
+    TIMEOUT = "timeout"  # until the put timeout only (an unsettled revoke)
+    NOW = "now"  # not held: the writer is done with them (its own revoke, the timeout)
+
 
 # (segment, offset, length): an allocated range of a segment.
 Range = tuple[Segment, int, int]
@@ -72,7 +82,6 @@ class Quarantine:
         # Ranges of held objects on segments that went, until one mounts over the same
         # memory again: (its Held, the memory, offset, length).
         self._detached: list[tuple[Held, Memory, int, int]] = []
-        self.held_bytes = 0
 
     def hold(self, tag: tuple[str, bytes, str], deadline: float, ranges: list[Range],
              detached: list[tuple[Memory, int, int]] | None = None) -> None:
@@ -86,15 +95,15 @@ class Quarantine:
         # Deadlines come from one put timeout after a start or from now, so they arrive
         # almost in order; a late one only waits for those queued before it.
         self._order.append(held)
-        self.held_bytes += sum(n for _, _, n in ranges)
 
     @property
     def active(self) -> bool:
         return bool(self._by_tag)
 
     def writer_done(self, keys: Iterable[object], writer: str) -> None:
-        """`writer` ended its put of each key (PutEnd, PutCommit of a placeholder,
-        PutRevoke: it sends them once its transfers are over), whatever the answer."""
+        """`writer` ended its put of each key (PutEnd, PutCommit of a placeholder, a
+        settled PutRevoke: it sends them once the engine answered for its transfers),
+        whatever the master's answer."""
         if self._by_tag:
             for k in norm_keys(keys):
                 if k is not None:
@@ -113,7 +122,6 @@ class Quarantine:
             for seg, off, n in held.ranges:
                 if gone.get(seg.seg_id) is seg:
                     self._detached.append((held, memory_of(seg), off, n))
-                    self.held_bytes -= n
                 else:
                     kept.append((seg, off, n))
             held.ranges = kept
@@ -133,7 +141,6 @@ class Quarantine:
                 left.append(entry)
             elif seg.alloc.reserve(off, n):
                 held.ranges.append((seg, off, n))
-                self.held_bytes += n
         self._detached = left
 
     def release(self, tag: tuple[str, bytes, str]) -> None:
@@ -158,7 +165,7 @@ class Quarantine:
             self._detached = [d for d in self._detached if not d[0].released]
 
     def ranges(self) -> list[Range]:
-        """What is held now, on segments still mounted (for stats and tests)."""
+        """What is held now, on segments still mounted (for the invariant tests)."""
         by_id = self._segments.by_id
         return [r for h in self._order if not h.released for r in h.ranges
                 if by_id.get(r[0].seg_id) is r[0]]
@@ -167,6 +174,5 @@ class Quarantine:
         held.released = True
         by_id = self._segments.by_id
         for seg, off, n in held.ranges:
-            self.held_bytes -= n
             if by_id.get(seg.seg_id) is seg:  # an unmounted segment took its ranges along
                 seg.alloc.free(off, n)

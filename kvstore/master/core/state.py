@@ -32,7 +32,7 @@ from .config import CoreConfig
 from .eviction import LruList
 from .leases import LeaseTable
 from .objects import PENDING, ObjectTable
-from .quarantine import Memory, Quarantine, Range, memory_of, move_tag, put_tag, timeout_tag
+from .quarantine import Memory, Quarantine, Range, Until, memory_of, move_tag, put_tag, timeout_tag
 from .results import Event, Location, MoveKind, NodeInfo, ReplicaChange, TierMove, location
 from .segments import DRAM, OFFSET_BITS, OFFSET_MASK, SSD, Segment, SegmentMap, alloc_size
 from .window import RecentCounts
@@ -414,26 +414,24 @@ class CoreState:
 
     # -- the one way out ----------------------------------------------------------
 
-    def drop(self, s: int, frees: Frees | None = None, writer_done: bool = False,
-             gone: dict[int, Segment] | None = None, unsettled: bool = False) -> None:
+    def drop(self, s: int, frees: Frees | None = None, gone: dict[int, Segment] | None = None,
+             until: Until = Until.WRITER) -> None:
         """Forget an object and free its replicas on the segments still mounted (and a
         move's reservation). `frees`: see free_replicas. A PENDING object's ranges are
-        held in the quarantine instead, until its writer's next call for the key or its
-        put timeout, unless the caller knows the writer is done with them
-        (`writer_done`: its own revoke, or the timeout passed); so is a move's
+        held in the quarantine instead, for as long as `until` says; so is a move's
         destination, until the node answers for the move (quarantine.py). `gone`: see
-        hold_replicas. `unsettled`: the writer's own revoke of transfers that ended
-        without an answer; held until the put timeout, whatever it says later."""
+        hold_replicas."""
         t = self.objects
         size = t.size[s]
         p = t.pins[s]
         key = t.key_of[s]
         if self.journal is not None and p != PENDING and key is not None:
             self.journal_replicas(s, key, False)
-        if p == PENDING and not writer_done and key is not None:
+        if p == PENDING and until is not Until.NOW and key is not None:
             pw = t.pending.get(s)
             deadline = pw.deadline if pw is not None else self._hold_deadline()
-            tag = timeout_tag(key) if unsettled else put_tag(key, pw.writer if pw else "")
+            tag = (put_tag(key, pw.writer if pw else "") if until is Until.WRITER
+                   else timeout_tag(key))
             self.hold_replicas(t.handles(s), size, tag, deadline, gone)
         else:
             self.free_replicas(t.handles(s), size, frees)

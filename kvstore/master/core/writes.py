@@ -19,6 +19,7 @@ from .keys import bad_key_message, norm_key, norm_keys
 from .objects import PENDING, PendingWrite
 from .pins import Pins
 from .placement import place
+from .quarantine import Until
 from .quotas import Quotas
 from .results import Event, EventKind, Location, PutStartResult
 from .segments import DRAM
@@ -356,18 +357,18 @@ class Writes:
         """MasterCore.put_revoke."""
         t = self._t
         drop = self._state.drop
-        settled = not unsettled
+        until = Until.TIMEOUT if unsettled else Until.NOW
 
         def revoke(_key: bytes, s: int) -> Code:
             if t.pins[s] != PENDING:
                 return Code.ALREADY_EXISTS
             if not writer_may(t.pending[s].writer, writer):
                 return Code.IN_PROGRESS
-            drop(s, writer_done=settled, unsettled=unsettled)
+            drop(s, until=until)
             return Code.OK
 
         out = self._per_key(keys, revoke)
-        if settled:
+        if not unsettled:
             self._state.quarantine.writer_done(keys, writer)
         return out
 
@@ -436,7 +437,7 @@ class Writes:
         for s in zombies:
             keys.append(t.key_of[s])  # type: ignore[arg-type]
             size += t.size[s]
-            state.drop(s, writer_done=True)  # past the put timeout: its writer gave up
+            state.drop(s, until=Until.NOW)  # past the put timeout: its writer gave up
         state.counts.reclaimed += len(zombies)
         state.events.emit(Event(EventKind.RECLAIMED, keys, size))
         return len(zombies)
