@@ -168,6 +168,8 @@ def test_a_failed_transfer_gives_its_placeholder_up_and_reports_the_failure(
     rig.client.put_many(*_batch("c"))  # the lost placeholder is revoked with the next put
     revoked = {k for e in rig.trace if e[:2] == ("rpc", "PutRevoke") for k in e[2]}
     assert revoked == taken
+    # ... as unsettled: the failed write's bytes may still land (kvstore.errors.Unsettled)
+    assert rig.master.revoked_unsettled == [True]
 
 
 def test_old_placeholders_are_revoked_never_written(rig: ReservingRig,
