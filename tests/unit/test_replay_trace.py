@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import itertools
 import json
 import lzma
+import re
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +81,15 @@ def test_the_shipped_conversation_trace_parses_whole() -> None:
     assert all(len(r.hash_ids) == -(-r.input_length // 512) for r in reqs)
     assert all(a.timestamp_ms <= b.timestamp_ms for a, b in itertools.pairwise(reqs))
     assert read_trace(REAL, limit=500) == reqs[:500]
+
+
+def test_the_shipped_trace_is_the_one_its_readme_names() -> None:
+    """bench/data/README.md gives the source's SHA-256: the file is that trace, unmodified."""
+    readme = (REAL.parent / "README.md").read_text()
+    (sha,) = re.findall(r"`([0-9a-f]{64})`", readme)
+    with lzma.open(REAL) as f:
+        assert hashlib.sha256(f.read()).hexdigest() == sha
+    assert "Apache License, Version 2.0" in readme and (REAL.parent / "LICENSE-APACHE").is_file()
 
 
 @pytest.mark.parametrize("compress", [gzip.open, lzma.open, open])
