@@ -40,7 +40,9 @@ the hit rate of a cache that keeps everything it has seen.
 
 from __future__ import annotations
 
+import gzip
 import json
+import lzma
 import math
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Iterator, Sequence
@@ -106,7 +108,11 @@ def iter_trace(lines: Iterable[str], limit: int | None = None, name: str = "trac
 
 
 def read_trace(path: str | Path, limit: int | None = None) -> list[Request]:
-    with open(path) as f:
+    """A trace file's requests; a `.xz` or `.gz` file is read as it is (the shipped trace,
+    bench/data/, is compressed)."""
+    suffix = Path(path).suffix
+    opener = lzma.open if suffix == ".xz" else gzip.open if suffix == ".gz" else open
+    with opener(path, "rt") as f:
         return list(iter_trace(f, limit, name=str(path)))
 
 

@@ -1,7 +1,7 @@
 """Trace replay: a Mooncake-format trace against kvstore (and Mooncake Store), with the
 hit rates an offline cache of the same capacity must reach.
 
-    python -m bench.replay [--trace conversation_trace.jsonl] [--limit 2000]
+    python -m bench.replay [--trace bench/data/conversation_trace.jsonl.xz] [--limit 2000]
         [--capacity-blocks 10000] [--block-bytes 64KiB] [--nodes 1] [--concurrency 1]
         [--speed 0] [--mooncake] [--te] [--prefill-tokens-per-s 10000]
         [--plot out.png] [--json out.json] [--etcd HOST:PORT --no-start]
@@ -67,7 +67,8 @@ from bench.systems.base import Slots, System
 from kvstore.units import format_size, parse_size
 
 MODULE = "bench.replay"
-DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "conversation_trace.jsonl"
+# The Mooncake FAST'25 conversation trace, shipped compressed (bench/data/README.md).
+DEFAULT_TRACE = Path(__file__).resolve().parent / "data" / "conversation_trace.jsonl.xz"
 OURS, MC = "kvstore", "mooncake"
 MATCH_PP = 1.0  # "matches": block hit rates within 1 percentage point
 

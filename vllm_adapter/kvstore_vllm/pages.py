@@ -30,10 +30,6 @@ class LayerPages:
     def page(self, block_id: int) -> torch.Tensor:
         return self.tensor.select(self.block_dim, block_id)
 
-    def page_bytes_view(self, block_id: int) -> torch.Tensor:
-        """The page as a flat uint8 tensor aliasing the KV cache (zero-copy only)."""
-        return self.page(block_id).view(torch.uint8).reshape(-1)
-
 
 def _block_dim(t: torch.Tensor, num_blocks: int) -> int:
     # Layouts put the block dimension first, or second behind a K/V plane of size 2.

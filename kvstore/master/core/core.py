@@ -14,7 +14,7 @@ Rule 3: per-key problems in a batch are per-key result codes; only a malformed c
 (batch too large, lists of different lengths, a bad TTL or lease id) raises, and a call
 that raises has changed nothing.
 
-The promise (DESIGN.md, "Leases and pins"): an object pinned by a live lease is never
+The promise (docs/architecture.md, "Leases and pins"): an object pinned by a live lease is never
 evicted or re-allocated; only a forced remove or the loss of its node can take it, and
 the reader then gets NOT_FOUND under its lease instead of someone else's bytes.
 
