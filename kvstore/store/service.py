@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from kvstore.checksum import checksum
+from kvstore.checksum import matches
 from kvstore.errors import Code, KVStoreError
 from kvstore.store.inventory import Held, Inventory
 from kvstore.store.segment import DramSegment
@@ -109,7 +109,7 @@ class StoreNodeService(spbg.StoreNodeServicer):
                 self.ssd_tokens[item.key] = item.ssd_offset
             elif item.kind == "promote":
                 ssd.read_into(item.key, view)  # verifies the file's checksum
-                if checksum(view) != item.checksum:
+                if not matches(view, item.checksum):
                     return int(Code.CORRUPT)
                 self.counters.promotions += 1
                 self.counters.promoted_bytes += item.size

@@ -90,6 +90,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from kvstore.checksum import matches
 from kvstore.errors import CorruptObject, Internal, InvalidArgument, NotFound, Unavailable, check_key
 from kvstore.store import ssd_files as files
 from kvstore.store import ssd_format as fmt
@@ -269,7 +270,7 @@ class SsdTier:
         key = bytes(key)
         view = files.byte_view(data)
         self._require_open()
-        if fmt.checksum(view) != checksum:
+        if not matches(view, checksum):
             raise CorruptObject(
                 f"refusing to store {len(view)} bytes whose checksum does not match the "
                 "one given: the source copy is damaged",

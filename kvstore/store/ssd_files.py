@@ -19,8 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import xxhash
-
+from kvstore.checksum import Verifier, matches
 from kvstore.errors import Internal, StoreFull, Unavailable
 from kvstore.store import ssd_format as fmt
 from kvstore.store import ssd_libc
@@ -160,7 +159,7 @@ def _read_verified(fd: int, entry: SsdEntry, dest: memoryview) -> str | None:
         return "header does not match the index"
     if not pread_exact(fd, dest, fmt.HEADER_SIZE + len(entry.key)):
         return "file truncated"
-    if fmt.checksum(dest) != header.checksum:
+    if not matches(dest, header.checksum):
         return "data checksum mismatch"
     return None
 
@@ -270,7 +269,7 @@ def check_file(path: str, stem: str, verify_data: bool) -> tuple[SsdEntry, int]:
 
 
 def _verify_data(fd: int, header: fmt.Header) -> None:
-    hasher = xxhash.xxh3_64()
+    hasher = Verifier(header.checksum)
     buf = memoryview(bytearray(min(_VERIFY_CHUNK, max(header.data_len, 1))))
     offset, left = fmt.HEADER_SIZE + header.key_len, header.data_len
     while left:
@@ -280,5 +279,5 @@ def _verify_data(fd: int, header: fmt.Header) -> None:
         hasher.update(chunk)
         offset += len(chunk)
         left -= len(chunk)
-    if hasher.intdigest() != header.checksum:
+    if not hasher.ok():
         raise fmt.FormatError("data checksum mismatch")

@@ -74,7 +74,7 @@ class Header:
 
 
 def checksum(data: bytes | bytearray | memoryview) -> int:
-    """The project-wide object checksum."""
+    """The header's own checksum (XXH3-64; the data's is kvstore.checksum's)."""
     return xxhash.xxh3_64_intdigest(data)
 
 
