@@ -62,7 +62,7 @@ def use_bundle(bundle: Path) -> None:
     env["LD_LIBRARY_PATH"] = ":".join([*libs, env.get("LD_LIBRARY_PATH", "")])
     here = Path(__file__).resolve().parent.parent
     extra = [str(paths.site), str(here), str(here / "client"), str(here / "vllm_adapter")]
-    env["PYTHONPATH"] = ":".join(extra + [env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = ":".join([*extra, env.get("PYTHONPATH", "")])
     sys.stdout.flush()
     os.execvpe(sys.executable, [sys.executable, "-m", "bench.gpu_check", *sys.argv[1:]], env)
 
