@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from kvstore.errors import Code, InvalidArgument, NotFound
 
+from .checks import is_checksum, is_size
 from .keys import norm_key
 from .objects import PENDING
 from .pins import Pins
 from .results import DrainReport, Event, EventKind, MoveKind, NodeInfo, ReplicaChange, SegmentStats, Tier
 from .segments import DRAM, OFFSET_BITS, OFFSET_MASK, SSD, TIERS, Segment, alloc_size
 from .state import CoreState
-
-_MAX_CHECKSUM = 1 << 64
 
 
 def segment_stats(seg: Segment) -> SegmentStats:
@@ -125,10 +124,8 @@ class Membership:
         k = norm_key(key)
         if (
             k is None
-            or not isinstance(size, int)
-            or size <= 0
-            or not isinstance(checksum, int)
-            or not 0 <= checksum < _MAX_CHECKSUM
+            or not is_size(size)
+            or not is_checksum(checksum)
             or not isinstance(offset, int)
             or offset < 0
         ):

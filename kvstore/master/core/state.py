@@ -29,8 +29,8 @@ from kvstore.errors import InvalidArgument
 
 from .clock import Clock
 from .config import CoreConfig
-from .eviction import LruList
 from .leases import LeaseTable
+from .lru import LruList
 from .objects import PENDING, ObjectTable
 from .quarantine import Memory, Quarantine, Range, Until, memory_of, move_tag, put_tag, timeout_tag
 from .results import Event, Location, MoveKind, NodeInfo, ReplicaChange, TierMove, location
