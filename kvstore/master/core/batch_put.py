@@ -155,9 +155,8 @@ class BatchPut:
                 run = j + 1
                 while run < len(mine) and mine[run] == a:
                     run += 1
-                got += seg.alloc.allocate_run(a, run - j)
+                got += seg.take_run(a, run - j)
                 j = run
-            seg.replicas += len(got)
             offsets.append(got)
         # 4. Index the objects (slots and placements in key order, as put_each would)
         # and answer.

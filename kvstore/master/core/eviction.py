@@ -111,7 +111,7 @@ class Eviction:
                 n += 1
         finally:
             for seg, ranges in frees.items():
-                seg.alloc.free_many(ranges)
+                seg.give_many(ranges)
         return used
 
     def to_watermark(self, now: float) -> None:

@@ -150,17 +150,15 @@ class Membership:
             for h in handles:
                 if h >> OFFSET_BITS == seg.seg_id:
                     return Code.OK if h == handle else Code.INVALID_ARGUMENT
-            if not seg.alloc.reserve(offset, size):
+            if not seg.take_at(offset, size):
                 return Code.INVALID_ARGUMENT
-            seg.replicas += 1
             # demoting=False, as before the split: a replica adopted while the object's
             # demotion is in flight is not counted against it.
             state.set_replicas(s, (*handles, handle),
                                t.space[s] + state.footprint((handle,), size))
             return Code.OK
-        if not seg.alloc.reserve(offset, size):
+        if not seg.take_at(offset, size):
             return Code.INVALID_ARGUMENT
-        seg.replicas += 1
         s = t.new(k, size, checksum, (handle,), state.footprint((handle,), size),
                   state.clock.now())
         self._pins.adopt(s)
@@ -172,10 +170,9 @@ class Membership:
         s = t.index.get(k)
         if s is not None:
             return Code.OK if t.size[s] == size and t.checksum[s] == checksum else Code.INVALID_ARGUMENT
-        off = seg.alloc.allocate(alloc_size(SSD, size))
+        off = seg.take(alloc_size(SSD, size))
         if off < 0:
             return Code.STORE_FULL
-        seg.replicas += 1
         s = t.new(k, size, checksum, (seg.handle(off),), 0, self._state.clock.now())
         self._pins.adopt(s)
         return Code.OK

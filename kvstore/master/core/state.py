@@ -44,7 +44,8 @@ RECENT = ("lookup_keys", "hit_keys", "evictions", "evicted_bytes", "demotions", 
 TIER_COUNTERS = ("demotions", "demoted_bytes", "demotion_failures", "promotions",
                  "promoted_bytes", "promotion_failures", "ssd_evictions", "ssd_evicted_bytes")
 
-# Ranges to free, by segment: filled by a batch, freed at its end (CoreState.free_replicas).
+# Replica ranges to give back, by segment: filled by a batch, given back at its end
+# (CoreState.free_replicas, Segment.give_many).
 Frees = dict[Segment, list[tuple[int, int]]]
 
 
@@ -306,22 +307,21 @@ class CoreState:
 
     def free_replicas(self, handles: Iterable[int], size: int, frees: Frees | None = None) -> None:
         """Give the ranges of the replicas at `handles` (of an object of `size` bytes)
-        back to their segments, where those are still mounted. With `frees`, the ranges
-        are added there instead, for the caller to free in bulk (ExtentAllocator.free_many)
-        before anything allocates again."""
+        back to their segments, where those are still mounted (Segment.give). With `frees`,
+        the ranges are added there instead, for the caller to give back in bulk
+        (Segment.give_many) before anything allocates again."""
         by_id = self.segments.by_id
         for h in handles:
             seg = by_id.get(h >> OFFSET_BITS)
             if seg is None:
                 continue
             if frees is None:
-                seg.alloc.free(h & OFFSET_MASK, alloc_size(seg.tier, size))
+                seg.give(h & OFFSET_MASK, alloc_size(seg.tier, size))
             else:
                 ranges = frees.get(seg)
                 if ranges is None:
                     ranges = frees[seg] = []
                 ranges.append((h & OFFSET_MASK, alloc_size(seg.tier, size)))
-            seg.replicas -= 1
 
     def hold_replicas(self, handles: Iterable[int], size: int, tag: tuple[str, bytes, str],
                       deadline: float, gone: dict[int, Segment] | None = None) -> None:
@@ -340,7 +340,7 @@ class CoreState:
                                      alloc_size(lost.tier, size)))
                 continue
             ranges.append((seg, h & OFFSET_MASK, alloc_size(seg.tier, size)))
-            seg.replicas -= 1
+            seg.give_held()
         self.quarantine.hold(tag, deadline, ranges, detached)
 
     def _hold_deadline(self) -> float:

@@ -84,14 +84,13 @@ class Tiers:
             if dram is None:
                 continue
             size = t.size[s]
-            off = dram.alloc.allocate(size)
+            off = dram.take(size)
             if off < 0:
                 # Make room by demoting (never by dropping: that would trade one
                 # object for another); the reader asks again and finds room then.
                 if now >= state.hold_until:
                     self.demote_for(size)
                 continue
-            dram.replicas += 1
             moves[s] = Move(PROMOTE, s | t.gen[s] << SLOT_BITS, dram.handle(off))
             self._pins.hold(s, now)
             started.append(TierMove(PROMOTE, seg.node_id, k, size, t.checksum[s], off))  # type: ignore[arg-type]
@@ -122,15 +121,14 @@ class Tiers:
             return False
         size = t.size[s]
         need = alloc_size(SSD, size)
-        off = ssd.alloc.allocate(need)
+        off = ssd.take(need)
         lru = state.ssd_lru.get(seg.node_id)
         while off < 0 and lru is not None and lru.oldest():
             self._eviction.evict(lru.oldest(), tier=SSD)
-            off = ssd.alloc.allocate(need)
+            off = ssd.take(need)
         if off < 0:
             state.counts.demotion_failures += 1
             return False
-        ssd.replicas += 1
         self._pins.hold(s)
         state.ledger.demotion_started(t.space[s])
         key = t.key_of[s]

@@ -236,7 +236,6 @@ class Writes:
             return self.put_failed("store_full", self._full_message(now), Code.STORE_FULL)
         handles = []
         for seg, offset in placed:
-            seg.replicas += 1
             handles.append(seg.handle(offset))
         space = asize * len(placed)
         s = t.new(key, size, checksum, handles, space, now)
@@ -427,7 +426,7 @@ class Writes:
             out = self._per_key(keys, take)
         finally:
             for seg, ranges in frees.items():
-                seg.alloc.free_many(ranges)
+                seg.give_many(ranges)
         if removed:
             state.events.emit(Event(EventKind.REMOVED, removed, removed_size))
         return out
