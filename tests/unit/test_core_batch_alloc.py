@@ -118,7 +118,7 @@ def core_state(core: MasterCore) -> dict[str, Any]:
         "segs": segs,
         "index": dict(t.index),
         "key_of": list(t.key_of),
-        "cols": [list(c) for c in (t.size, t.checksum, t.where, t.space, t.pins, t.gen,
+        "cols": [list(c) for c in (t.size, t.checksum, t.where, t.space, t.phase, t.pins, t.gen,
                                    t.placed, t.created, t.touched)],
         "placements": t.placements,
         "extra": dict(t.extra),
@@ -353,7 +353,7 @@ def test_eviction_and_remove_free_every_range() -> None:
 
 def table_state(t: ObjectTable) -> list[Any]:
     return [dict(t.index), list(t.key_of), t.placements, list(t._free_slots)] + [
-        list(c) for c in (t.size, t.checksum, t.where, t.space, t.pins, t.gen, t.placed,
+        list(c) for c in (t.size, t.checksum, t.where, t.space, t.phase, t.pins, t.gen, t.placed,
                           t.created, t.touched)]
 
 

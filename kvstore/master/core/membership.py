@@ -13,7 +13,7 @@ from kvstore.errors import Code, InvalidArgument, NotFound
 
 from .checks import is_checksum, is_size
 from .keys import norm_key
-from .objects import PENDING
+from .lifecycle import PENDING
 from .pins import Pins
 from .results import DrainReport, Event, EventKind, MoveKind, NodeInfo, ReplicaChange, SegmentStats, Tier
 from .segments import DRAM, OFFSET_BITS, OFFSET_MASK, SSD, TIERS, Segment, alloc_size
@@ -104,7 +104,7 @@ class Membership:
             key = t.key_of[s]
             assert key is not None
             keep = tuple(h for h in t.handles(s) if h >> OFFSET_BITS not in id_set)
-            if not keep or t.pins[s] == PENDING:
+            if not keep or t.phase[s] == PENDING:
                 gone.append(key)
                 gone_size += t.size[s]
                 state.drop(s, gone=by_id)
@@ -142,7 +142,7 @@ class Membership:
         s = t.index.get(k)
         handle = seg.handle(offset)
         if s is not None:
-            if t.pins[s] == PENDING:
+            if t.phase[s] == PENDING:
                 return Code.IN_PROGRESS
             if t.size[s] != size or t.checksum[s] != checksum:
                 return Code.INVALID_ARGUMENT
@@ -214,11 +214,10 @@ class Membership:
         dropped = dropped_bytes = pinned = pending = 0
         sole: list[tuple[bytes, int]] = []
         for s in state.slots_on(ids):
-            p = t.pins[s]
-            if p == PENDING:
+            if t.phase[s] == PENDING:
                 pending += 1
                 continue
-            if p > 0:
+            if t.pins[s] > 0:
                 pinned += 1
                 continue
             keep = tuple(h for h in t.handles(s) if h >> OFFSET_BITS not in ids)

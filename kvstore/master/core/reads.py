@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from kvstore.errors import Code
 
 from .keys import all_valid, hashable, norm_key, norm_keys
+from .lifecycle import COMPLETE
 from .pins import Pins
 from .results import (
     GetReplicasResult,
@@ -44,14 +45,15 @@ class Reads:
         """MasterCore.exists."""
         self._state.check_batch(len(keys))
         get = self._t.index.get
-        pins = self._t.pins
+        phase = self._t.phase
+        complete = COMPLETE
         out: list[bool] = []
         append = out.append
         # A bytes key needs no length check here: the index holds only usable keys. An
         # unusable key of another type normalises to None, which is not there either.
         for key in keys:
             s = get(key if type(key) is bytes else norm_key(key))  # type: ignore[arg-type]
-            append(s is not None and pins[s] >= 0)
+            append(s is not None and phase[s] == complete)
         return out
 
     def lookup(self, keys: Sequence[bytes], lease_ttl: float | None, holder: str,
@@ -62,13 +64,14 @@ class Reads:
         ttl = state.ttl(lease_ttl)
         t = self._t
         get = t.index.get
-        pins = t.pins
+        phase = t.phase
+        complete = COMPLETE
         slots: list[int] = []
         hit = slots.append
         try:
             for key in keys:
                 s = get(key)
-                if s is None or pins[s] < 0:
+                if s is None or phase[s] != complete:
                     break
                 hit(s)
         except TypeError:
@@ -137,7 +140,7 @@ class Reads:
                     results.append(ReadResult(Code.INVALID_ARGUMENT))
                     continue
                 slot = t.index.get(k)
-                if slot is None or t.pins[slot] < 0:
+                if slot is None or t.phase[slot] != COMPLETE:
                     results.append(ReadResult(Code.NOT_FOUND))
                     continue
                 found.append(k)
@@ -181,7 +184,8 @@ class Reads:
         t = self._t
         state = self._state
         get = t.index.get
-        pins = t.pins
+        phase = t.phase
+        complete = COMPLETE
         sizes = t.size
         checksums = t.checksum
         where = t.where
@@ -197,7 +201,7 @@ class Reads:
         slots: list[int] = []
         for k in keys:
             s = get(k)
-            if s is None or pins[s] < 0:
+            if s is None or phase[s] != complete:
                 result(ReadResult(not_found))
                 continue
             h = where[s]

@@ -30,8 +30,9 @@ from kvstore.errors import InvalidArgument
 from .clock import Clock
 from .config import CoreConfig
 from .leases import LeaseTable
+from .lifecycle import GONE, PENDING
 from .lru import LruList
-from .objects import PENDING, ObjectTable
+from .objects import ObjectTable
 from .quarantine import Memory, Quarantine, Range, Until, memory_of, move_tag, put_tag, timeout_tag
 from .results import Event, Location, MoveKind, NodeInfo, ReplicaChange, TierMove, location
 from .segments import DRAM, OFFSET_BITS, OFFSET_MASK, SSD, Segment, SegmentMap, alloc_size
@@ -139,14 +140,14 @@ class SpaceLedger:
         """A demotion finished, failed or was cancelled with its object."""
         self._demoting -= space
 
-    def dropped(self, space: int, size: int, pins: int) -> None:
-        """An object with `pins` (PENDING: -1) left the table."""
-        if pins == PENDING:
+    def dropped(self, space: int, size: int, pending: bool, pinned: bool) -> None:
+        """An object left the table: a PENDING one, or a COMPLETE one `pinned` or not."""
+        if pending:
             self._pending -= space
             self._pending_size -= size
         else:
             self._complete_size -= size
-            if pins > 0:
+            if pinned:
                 self._pinned -= space
 
 
@@ -383,10 +384,10 @@ class CoreState:
         calls, not for a hot path."""
         t = self.objects
         where = np.frombuffer(t.where, dtype=np.uint64).copy()
-        pins = np.frombuffer(t.pins, dtype=np.int32).copy()
+        phase = np.frombuffer(t.phase, dtype=np.int8).copy()
         hit = np.isin(where >> np.uint64(OFFSET_BITS), np.array(sorted(seg_ids), dtype=np.uint64))
         # Freed slots keep a stale `where`; only live objects count.
-        hit &= pins >= PENDING
+        hit &= phase != GONE
         found = set(np.flatnonzero(hit).tolist())
         for s, extra in t.extra.items():
             if any(h >> OFFSET_BITS in seg_ids for h in extra):
@@ -423,11 +424,12 @@ class CoreState:
         hold_replicas."""
         t = self.objects
         size = t.size[s]
-        p = t.pins[s]
+        pending = t.phase[s] == PENDING
+        p = 0 if pending else t.pins[s]
         key = t.key_of[s]
-        if self.journal is not None and p != PENDING and key is not None:
+        if self.journal is not None and not pending and key is not None:
             self.journal_replicas(s, key, False)
-        if p == PENDING and until is not Until.NOW and key is not None:
+        if pending and until is not Until.NOW and key is not None:
             pw = t.pending.get(s)
             deadline = pw.deadline if pw is not None else self._hold_deadline()
             tag = (put_tag(key, pw.writer if pw else "") if until is Until.WRITER
@@ -444,7 +446,7 @@ class CoreState:
                 self.free_replicas((move.dest,), size)
             if move.kind == MoveKind.DEMOTE:
                 self.ledger.demotion_ended(t.space[s])
-        self.ledger.dropped(t.space[s], size, p)
-        if p == 0:
+        self.ledger.dropped(t.space[s], size, pending, p > 0)
+        if not pending and p == 0:
             self.lru_of(s).unlink(s)
         t.free(s)

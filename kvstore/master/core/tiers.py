@@ -17,6 +17,7 @@ from kvstore.errors import Code
 
 from .eviction import Eviction
 from .keys import norm_key
+from .lifecycle import COMPLETE
 from .objects import SLOT_BITS
 from .pins import Pins
 from .quarantine import move_tag
@@ -74,7 +75,7 @@ class Tiers:
         for key in keys:
             k = norm_key(key)
             s = t.index.get(k) if k is not None else None
-            if s is None or t.pins[s] < 0 or s in moves:
+            if s is None or t.phase[s] != COMPLETE or s in moves:
                 continue
             h = t.where[s]
             seg = by_id.get(h >> OFFSET_BITS)

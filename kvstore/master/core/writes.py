@@ -17,7 +17,8 @@ from .batch_put import BatchPut
 from .checks import bad_object, is_checksum, is_size
 from .eviction import Eviction
 from .keys import bad_key_message, norm_key, norm_keys
-from .objects import PENDING, PendingWrite
+from .lifecycle import COMPLETE, PENDING
+from .objects import PendingWrite
 from .pins import Pins
 from .placement import place
 from .quarantine import Until
@@ -253,7 +254,7 @@ class Writes:
         """put_start of a key already in slot s: stored, the same writer retrying a
         put_start whose reply it lost, or another write in progress."""
         t = self._t
-        if t.pins[s] >= 0:
+        if t.phase[s] == COMPLETE:
             return PutStartResult(Code.ALREADY_EXISTS, [])
         owner = t.pending[s].writer
         if writer and owner == writer and t.size[s] == size and t.checksum[s] == checksum:
@@ -294,7 +295,7 @@ class Writes:
         t = self._t
         now = state.clock.now()
         index = t.index
-        pins = t.pins
+        phase = t.phase
         pending = t.pending
         touched = t.touched
         ok, not_found, exists, in_progress = (Code.OK, Code.NOT_FOUND, Code.ALREADY_EXISTS,
@@ -313,7 +314,7 @@ class Writes:
                 s = index.get(k)
                 if s is None:
                     code = not_found
-                elif pins[s] != PENDING:
+                elif phase[s] != PENDING:
                     code = exists
                 elif writer and not writer_may(pending[s].writer, writer):
                     code = in_progress
@@ -390,7 +391,7 @@ class Writes:
         until = Until.TIMEOUT if unsettled else Until.NOW
 
         def revoke(_key: bytes, s: int) -> Code:
-            if t.pins[s] != PENDING:
+            if t.phase[s] != PENDING:
                 return Code.ALREADY_EXISTS
             if not writer_may(t.pending[s].writer, writer):
                 return Code.IN_PROGRESS
@@ -406,7 +407,7 @@ class Writes:
         """MasterCore.remove."""
         state = self._state
         t = self._t
-        pins, size_of = t.pins, t.size
+        phase, pins, size_of = t.phase, t.pins, t.size
         removed: list[bytes] = []
         removed_size = 0
         # The batch's ranges, freed together at the end: a batch written together sits
@@ -415,7 +416,7 @@ class Writes:
 
         def take(key: bytes, s: int) -> Code:
             nonlocal removed_size
-            if pins[s] != 0 and not force:
+            if (phase[s] == PENDING or pins[s]) and not force:
                 return Code.IN_PROGRESS
             removed.append(key)
             removed_size += size_of[s]
