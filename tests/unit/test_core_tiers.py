@@ -255,3 +255,22 @@ def test_a_promotions_dram_destination_waits_for_the_nodes_answer() -> None:
     used = core.stats().pool_used
     core.finish_tier_move(move, Code.OK)
     assert core.stats().pool_used == used - 10 * KiB  # the destination is free again
+
+
+def test_a_replica_adopted_while_its_object_demotes_is_counted_with_the_demotion() -> None:
+    # The demotion frees every DRAM replica when it ends, the adopted one too: the DRAM
+    # "about to be freed" must come back to 0, not below it (pool_used would then count
+    # DRAM nobody holds).
+    core = make()
+    core.mount_segment("n1", "seg1", 2 << 32, 100 * KiB)
+    core.set_draining("n1", True)  # placements stay on n0
+    fill(core, 0, 1)
+    state = core._state
+    assert core._tiers.start_demotion(state.objects.index[b"k0"])
+    assert state.ledger.demoting == 10 * KiB
+    assert core.adopt_replica(b"k0", 10 * KiB, 0, "n1", 0) == Code.OK
+    assert state.ledger.demoting == 20 * KiB
+    finish_all(core)
+    assert tiers(core, b"k0") == ["ssd"]
+    assert state.ledger.demoting == 0
+    assert core.stats().pool_used == 0

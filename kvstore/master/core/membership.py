@@ -15,7 +15,7 @@ from .checks import is_checksum, is_size
 from .keys import norm_key
 from .lifecycle import PENDING
 from .pins import Pins
-from .results import DrainReport, Event, EventKind, MoveKind, NodeInfo, ReplicaChange, SegmentStats, Tier
+from .results import DrainReport, Event, EventKind, MoveKind, NodeInfo, SegmentStats, Tier
 from .segments import DRAM, OFFSET_BITS, OFFSET_MASK, SSD, TIERS, Segment, alloc_size
 from .state import CoreState
 
@@ -109,12 +109,16 @@ class Membership:
                 gone_size += t.size[s]
                 state.drop(s, gone=by_id)
                 continue
-            move = state.moves.get(s)
             state.set_replicas(s, keep, state.footprint(keep, t.size[s]),
-                               demoting=move is not None and move.kind == MoveKind.DEMOTE)
+                               demoting=self._demoting(s))
         if gone:
             state.events.emit(Event(EventKind.NODE_LOST, gone, gone_size, node_id))
         return gone
+
+    def _demoting(self, s: int) -> bool:
+        """Whether object s's demotion is in flight (its DRAM counted as about to go)."""
+        move = self._state.moves.get(s)
+        return move is not None and move.kind == MoveKind.DEMOTE
 
     # -- adoption (a node's inventory, replayed to a new leader) ---------------------
 
@@ -152,10 +156,11 @@ class Membership:
                     return Code.OK if h == handle else Code.INVALID_ARGUMENT
             if not seg.take_at(offset, size):
                 return Code.INVALID_ARGUMENT
-            # demoting=False, as before the split: a replica adopted while the object's
-            # demotion is in flight is not counted against it.
+            # A demotion in flight frees all the object's DRAM when it ends, this replica
+            # too (finish_tier_move ends it with the object's space): count it there.
             state.set_replicas(s, (*handles, handle),
-                               t.space[s] + state.footprint((handle,), size))
+                               t.space[s] + state.footprint((handle,), size),
+                               demoting=self._demoting(s))
             return Code.OK
         if not seg.take_at(offset, size):
             return Code.INVALID_ARGUMENT
@@ -243,14 +248,8 @@ class Membership:
         t = self._t
         size = t.size[s]
         key = t.key_of[s]
-        by_id = state.segments.by_id
-        journal = state.journal
         dropped = tuple(h for h in t.handles(s) if h not in keep)
-        if journal is not None and key is not None:
-            for h in dropped:
-                seg = by_id.get(h >> OFFSET_BITS)
-                if seg is not None:
-                    journal.append(ReplicaChange(seg.node_id, seg.tier, key, h & OFFSET_MASK,
-                                                 size, t.checksum[s], False))
+        if state.journal is not None and key is not None:
+            state.journal_replicas(s, key, False, dropped)
         state.free_replicas(dropped, size)
         state.set_replicas(s, keep, state.footprint(keep, size))

@@ -34,7 +34,7 @@ from .lifecycle import GONE, PENDING
 from .lru import LruList
 from .objects import ObjectTable
 from .quarantine import Memory, Quarantine, Range, Until, memory_of, move_tag, put_tag, timeout_tag
-from .results import Event, Location, MoveKind, NodeInfo, ReplicaChange, TierMove, location
+from .results import Event, Location, MoveKind, NodeInfo, ReplicaChange, Tier, TierMove, location
 from .segments import DRAM, OFFSET_BITS, OFFSET_MASK, SSD, Segment, SegmentMap, alloc_size
 from .window import RecentCounts
 
@@ -368,15 +368,28 @@ class CoreState:
                                 seg.tier))
         return out
 
-    def journal_replicas(self, s: int, key: bytes, added: bool) -> None:
+    # -- the replica journal: appended here only -------------------------------------
+
+    def journal_replicas(self, s: int, key: bytes, added: bool,
+                         handles: Iterable[int] | None = None) -> None:
+        """Journal object s's replicas (or those at `handles`, some of its) as `added`
+        or freed, on the segments still mounted. The journal must be on."""
         t = self.objects
         by_id = self.segments.by_id
-        assert self.journal is not None
-        for h in t.handles(s):
+        size = t.size[s]
+        checksum = t.checksum[s]
+        for h in t.handles(s) if handles is None else handles:
             seg = by_id.get(h >> OFFSET_BITS)
             if seg is not None:
-                self.journal.append(ReplicaChange(seg.node_id, seg.tier, key, h & OFFSET_MASK,
-                                                  t.size[s], t.checksum[s], added))
+                self.journal_range(seg.node_id, seg.tier, key, h & OFFSET_MASK, size,
+                                   checksum, added)
+
+    def journal_range(self, node_id: str, tier: Tier, key: bytes, offset: int, size: int,
+                      checksum: int, added: bool) -> None:
+        """Journal one range of a node's inventory (the journal must be on): also one no
+        object owns any more (a demotion's file whose object went while it moved)."""
+        assert self.journal is not None
+        self.journal.append(ReplicaChange(node_id, tier, key, offset, size, checksum, added))
 
     def slots_on(self, seg_ids: set[int]) -> list[int]:
         """Live objects (PENDING or COMPLETE) with a replica in one of these segments,

@@ -21,7 +21,7 @@ from .lifecycle import COMPLETE
 from .objects import SLOT_BITS
 from .pins import Pins
 from .quarantine import move_tag
-from .results import MoveKind, ReplicaChange, TierMove
+from .results import MoveKind, TierMove
 from .segments import DRAM, OFFSET_BITS, OFFSET_MASK, SSD, alloc_size
 from .state import TIER_COUNTERS, CoreState, Move
 
@@ -156,8 +156,8 @@ class Tiers:
             # destination, held since the object went, is free again: the copy is over.
             state.quarantine.release(move_tag(move.key))
             if move.kind == DEMOTE and code == Code.OK and state.journal is not None:
-                state.journal.append(ReplicaChange(move.node_id, SSD, move.key, move.ssd_offset,
-                                                   move.size, move.checksum, False))
+                state.journal_range(move.node_id, SSD, move.key, move.ssd_offset, move.size,
+                                    move.checksum, False)
             return
         del state.moves[s]
         dest = state.segments.by_id.get(m.dest >> OFFSET_BITS)
