@@ -274,3 +274,28 @@ def test_a_replica_adopted_while_its_object_demotes_is_counted_with_the_demotion
     assert tiers(core, b"k0") == ["ssd"]
     assert state.ledger.demoting == 0
     assert core.stats().pool_used == 0
+
+
+def test_a_read_of_an_ssd_object_pins_it_before_its_promotion_makes_room() -> None:
+    # DRAM and SSD full: promoting `a` demotes a DRAM object, whose SSD room comes from
+    # evicting the oldest SSD object, `a` itself unless the read has pinned it first
+    # (the read used to fail with a KeyError, after `a` was gone).
+    core = MasterCore(CoreConfig(evict_high=1.0, evict_low=0.9), ManualClock())
+    core.mount_segment("n0", "seg0", 1 << 32, 30 * KiB)
+    core.mount_segment("n0", "ssd:n0", 0, 32 * KiB, tier="ssd")  # room for two files
+    keys = [b"a", b"b", b"c", b"d", b"f"]
+    for k in keys:
+        assert core.put_start([k], [10 * KiB], [1])[0].code == Code.OK
+        assert core.put_end([k]) == [Code.OK]
+        if k == b"b":
+            state = core._state
+            for old in (b"a", b"b"):
+                assert core._tiers.start_demotion(state.objects.index[old])
+            finish_all(core)
+    assert tiers(core, b"a") == tiers(core, b"b") == ["ssd"]
+    assert core.stats().pool_used == 30 * KiB
+    got = core.get_replicas([b"a"])
+    assert got.results[0].code == Code.IN_PROGRESS and got.lease_id
+    info = core.inspect(b"a")
+    assert info is not None and info.pins == 1 and tiers(core, b"a") == ["ssd"]
+    core.release_lease(got.lease_id)

@@ -17,7 +17,8 @@ derives the state of this table from those three facts.
 TRANSITIONS lists every move an object makes, as (from, to) -> Transition: the public
 verbs (MasterCore methods) that may make it, the module that makes it, and what it
 changes. A row from a state to itself is a change that leaves the state as it was
-(more pins, a replica fewer). Nothing else may happen to an object:
+(more pins, a replica fewer). Nothing else may happen to an object, and one call
+makes only moves its verb is listed for (changes_between):
 tests/unit/test_core_invariants.py and the twin tests (test_core_batch_alloc.py)
 watch every object through every call and fail on a move, or a verb making it, that
 is not here. The mechanisms stay where their reasons to change are (writes.py,
@@ -102,9 +103,6 @@ TRANSITIONS: dict[tuple[State, State], Transition] = {
         "put_start", "writes.py, batch_put.py (ObjectTable.new)",
         {C.SPACE_TAKEN, C.LEDGER},
         "a writer starts a new object: its ranges are taken and handed to the writer"),
-    (State.PENDING, State.PENDING): _row(
-        "put_start", "writes.py", set(),
-        "the same writer retrying a put_start whose answer it lost: nothing changes"),
     (State.PENDING, State.COMPLETE): _row(
         "put_end put_commit", "pins.py (Pins.commit)",
         {C.PINS, C.LEDGER, C.JOURNAL},
@@ -175,7 +173,37 @@ TRANSITIONS: dict[tuple[State, State], Transition] = {
 del C
 
 
-def allowed(source: State, target: State, verb: str) -> bool:
-    """Whether `verb` may move an object from `source` to `target`."""
-    row = TRANSITIONS.get((source, target))
-    return row is not None and verb in row.verbs
+def _reach(edges: list[tuple[State, State]], start: State, forward: bool) -> set[State]:
+    """The states reachable from `start` (or, not `forward`, that reach it) along edges."""
+    found = {start}
+    todo = [start]
+    while todo:
+        at = todo.pop()
+        for a, b in edges:
+            nxt = b if forward else a
+            if (a if forward else b) == at and nxt not in found:
+                found.add(nxt)
+                todo.append(nxt)
+    return found
+
+
+def changes_between(source: State, target: State, verb: str) -> frozenset[Change] | None:
+    """What one call of `verb` may have changed in an object it took from `source` to
+    `target` (the same state again: it changed it without moving it), or None when
+    the table gives `verb` no way there. One call may make several moves (a tick
+    expires a lease and then evicts the object): any path of the verb's rows counts,
+    and its changes are those of every row on such a path."""
+    edges = [edge for edge, row in TRANSITIONS.items() if verb in row.verbs]
+    after_source = set()
+    for a, b in edges:
+        if a == source:
+            after_source |= _reach(edges, b, True)
+    if target not in after_source:
+        return None
+    before_target = _reach(edges, target, False)
+    ahead = _reach(edges, source, True)
+    out: set[Change] = set()
+    for (a, b), row in TRANSITIONS.items():
+        if verb in row.verbs and a in ahead and b in before_target:
+            out |= row.changes
+    return frozenset(out)

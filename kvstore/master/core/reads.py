@@ -130,6 +130,10 @@ class Reads:
                 results.append(read(s))
             return GetReplicasResult(lease.lease_id, lease.expires_at, results)
         batch = self.read_batch(keys)
+        # SSD objects found, whose promotions start once the batch is pinned: a promotion
+        # may demote to make room, and the demotion evict from SSD, which must not take
+        # an object this batch has found and not yet pinned.
+        promote: list[int] = []
         if batch is not None:
             results, found, slots = batch
         else:
@@ -144,18 +148,24 @@ class Reads:
                     results.append(ReadResult(Code.NOT_FOUND))
                     continue
                 found.append(k)
-                results.append(self.read_result(slot))
+                results.append(self.read_result(slot, promote))
             index = t.index
             slots = [index[k] for k in found] if found else []
         if not found:
             return GetReplicasResult(0, 0.0, results)
         if not pin:
             self._pins.touch(slots, now)
-            return GetReplicasResult(0, 0.0, results)
-        lease = self._pins.grant(holder, found, slots, ttl, now, owner or "")
-        return GetReplicasResult(lease.lease_id, lease.expires_at, results)
+            lease_id, expires_at = 0, 0.0
+        else:
+            lease = self._pins.grant(holder, found, slots, ttl, now, owner or "")
+            lease_id, expires_at = lease.lease_id, lease.expires_at
+        for s in promote:
+            self._tiers.queue_promotion(s)
+        return GetReplicasResult(lease_id, expires_at, results)
 
-    def read_result(self, s: int) -> ReadResult:
+    def read_result(self, s: int, promote: list[int] | None = None) -> ReadResult:
+        """Where to read object s. On SSD: IN_PROGRESS, and its promotion starts now, or
+        (`promote`) is added there for the caller to start."""
         t = self._t
         state = self._state
         size = t.size[s]
@@ -164,7 +174,10 @@ class Reads:
         if seg.tier != DRAM:
             # Not readable over the Transfer Engine from a file: bring it into DRAM
             # first; the reader asks again shortly (the object is pinned meanwhile).
-            self._tiers.queue_promotion(s)
+            if promote is None:
+                self._tiers.queue_promotion(s)
+            else:
+                promote.append(s)
             return ReadResult(Code.IN_PROGRESS, size, t.checksum[s])
         locations = [Location(seg.node_id, seg.name, seg.base_addr + (h & OFFSET_MASK), size, seg.tier)]
         if s in t.extra:
