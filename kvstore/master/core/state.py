@@ -6,11 +6,14 @@ counters. The collaborators (writes, batch_put, reads, pins, eviction, tiers, qu
 membership, introspect) are mechanisms over it and keep nothing of their own, so a
 test or a reader finds every fact in one place.
 
-Two pieces of it have one writer each:
+Each fact has one writer:
   * the space counters (DRAM bytes pinned, PENDING and about to be freed by demotions;
     object bytes PENDING and COMPLETE) change only through SpaceLedger's verbs, which
     name the event that changes them;
-  * pin counts change only in pins.py (see there).
+  * an object's phase (PENDING, COMPLETE, gone) only in ObjectTable, pin counts only
+    in pins.py; the moves between states are lifecycle.py's table;
+  * a segment's replica count only through its take / give verbs (segments.py);
+  * the replica journal only through journal_replicas / journal_range here.
 An object leaves only through CoreState.drop, and a replica's range goes back to its
 allocator only through CoreState.free_replicas (or, if something may still be copying
 into it, through the quarantine).
