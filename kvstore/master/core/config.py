@@ -21,8 +21,8 @@ class CoreConfig:
     max_replicas: int = 8
     max_batch: int = 65536  # keys per call
     # Lease ids must not repeat across leaders: a client holding lease 7 from the old
-    # leader must not release someone else's lease 7 on the new one. The server sets
-    # this from its election epoch (for example `epoch << 40 | 1`).
+    # leader must not release someone else's lease 7 on the new one. The daemon sets
+    # this from its election epoch: `epoch << 32` (kvstore/master/daemon.py).
     first_lease_id: int = 1
     # Events wait here until the I/O layer drains them; past this many the oldest are
     # dropped (and counted) rather than letting an idle drainer grow memory forever.

@@ -1,8 +1,9 @@
 """MasterCore: the whole master minus I/O, driven by method calls and a clock.
 
 Rule 1: everything that decides an object's fate lives behind this facade — PENDING ->
-COMPLETE -> (evicted | removed | lost with its node), who pins it, where its replicas
-are, when space is reclaimed. The gRPC server and the etcd watcher only translate
+COMPLETE -> pinned / moving -> gone (lifecycle.py's table: every move, the verbs that
+make it and what it changes), who pins it, where its replicas are, when space is
+reclaimed. The gRPC server and the etcd watcher only translate
 messages into these calls and results back into messages.
 
 Rule 2: nothing here blocks, sleeps, logs on a hot path, reads the time except through
@@ -21,13 +22,20 @@ the reader then gets NOT_FOUND under its lease instead of someone else's bytes.
 The facade holds the rules and the public verbs; the mechanisms are collaborators over
 one explicit state (state.py), each with one reason to change:
 
-    state.py       the tables, the space ledger, the counters, CoreState.drop
+    lifecycle.py   an object's states and moves, as one table (the tests hold every
+                   call to it)
+    state.py       the tables, the space ledger, the counters, the replica journal,
+                   CoreState.drop
+    objects.py     the object table: columns by slot, the phase of each
+    segments.py    mounted segments; Segment.take / give keep a segment's replica count
     keys.py        the one key check
+    checks.py      the one object check (size, checksum)
     writes.py      put_start's general path, put_end, put_commit, put_revoke, remove
     batch_put.py   put_start's batch path (held to put_each's answers by a twin test)
     reads.py       exists, lookup, get_replicas
     pins.py        the only writer of pin counts; leases turned into pins
-    eviction.py    the LRU order, the eviction policy and its bookkeeping
+    lru.py         the LRU order of evictable objects
+    eviction.py    the eviction policy and its bookkeeping
     tiers.py       demotion to SSD and promotion back
     quotas.py      tenant quotas
     membership.py  segments mounted and lost, adoption, draining a node

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from kvstore.errors import Code
 
 from .keys import all_valid, hashable, norm_key, norm_keys
+from .lifecycle import COMPLETE
 from .pins import Pins
 from .results import (
     GetReplicasResult,
@@ -44,14 +45,15 @@ class Reads:
         """MasterCore.exists."""
         self._state.check_batch(len(keys))
         get = self._t.index.get
-        pins = self._t.pins
+        phase = self._t.phase
+        complete = COMPLETE
         out: list[bool] = []
         append = out.append
         # A bytes key needs no length check here: the index holds only usable keys. An
         # unusable key of another type normalises to None, which is not there either.
         for key in keys:
             s = get(key if type(key) is bytes else norm_key(key))  # type: ignore[arg-type]
-            append(s is not None and pins[s] >= 0)
+            append(s is not None and phase[s] == complete)
         return out
 
     def lookup(self, keys: Sequence[bytes], lease_ttl: float | None, holder: str,
@@ -62,13 +64,14 @@ class Reads:
         ttl = state.ttl(lease_ttl)
         t = self._t
         get = t.index.get
-        pins = t.pins
+        phase = t.phase
+        complete = COMPLETE
         slots: list[int] = []
         hit = slots.append
         try:
             for key in keys:
                 s = get(key)
-                if s is None or pins[s] < 0:
+                if s is None or phase[s] != complete:
                     break
                 hit(s)
         except TypeError:
@@ -127,6 +130,10 @@ class Reads:
                 results.append(read(s))
             return GetReplicasResult(lease.lease_id, lease.expires_at, results)
         batch = self.read_batch(keys)
+        # SSD objects found, whose promotions start once the batch is pinned: a promotion
+        # may demote to make room, and the demotion evict from SSD, which must not take
+        # an object this batch has found and not yet pinned.
+        promote: list[int] = []
         if batch is not None:
             results, found, slots = batch
         else:
@@ -137,22 +144,28 @@ class Reads:
                     results.append(ReadResult(Code.INVALID_ARGUMENT))
                     continue
                 slot = t.index.get(k)
-                if slot is None or t.pins[slot] < 0:
+                if slot is None or t.phase[slot] != COMPLETE:
                     results.append(ReadResult(Code.NOT_FOUND))
                     continue
                 found.append(k)
-                results.append(self.read_result(slot))
+                results.append(self.read_result(slot, promote))
             index = t.index
             slots = [index[k] for k in found] if found else []
         if not found:
             return GetReplicasResult(0, 0.0, results)
         if not pin:
             self._pins.touch(slots, now)
-            return GetReplicasResult(0, 0.0, results)
-        lease = self._pins.grant(holder, found, slots, ttl, now, owner or "")
-        return GetReplicasResult(lease.lease_id, lease.expires_at, results)
+            lease_id, expires_at = 0, 0.0
+        else:
+            lease = self._pins.grant(holder, found, slots, ttl, now, owner or "")
+            lease_id, expires_at = lease.lease_id, lease.expires_at
+        for s in promote:
+            self._tiers.queue_promotion(s)
+        return GetReplicasResult(lease_id, expires_at, results)
 
-    def read_result(self, s: int) -> ReadResult:
+    def read_result(self, s: int, promote: list[int] | None = None) -> ReadResult:
+        """Where to read object s. On SSD: IN_PROGRESS, and its promotion starts now, or
+        (`promote`) is added there for the caller to start."""
         t = self._t
         state = self._state
         size = t.size[s]
@@ -161,7 +174,10 @@ class Reads:
         if seg.tier != DRAM:
             # Not readable over the Transfer Engine from a file: bring it into DRAM
             # first; the reader asks again shortly (the object is pinned meanwhile).
-            self._tiers.queue_promotion(s)
+            if promote is None:
+                self._tiers.queue_promotion(s)
+            else:
+                promote.append(s)
             return ReadResult(Code.IN_PROGRESS, size, t.checksum[s])
         locations = [Location(seg.node_id, seg.name, seg.base_addr + (h & OFFSET_MASK), size, seg.tier)]
         if s in t.extra:
@@ -181,7 +197,8 @@ class Reads:
         t = self._t
         state = self._state
         get = t.index.get
-        pins = t.pins
+        phase = t.phase
+        complete = COMPLETE
         sizes = t.size
         checksums = t.checksum
         where = t.where
@@ -197,7 +214,7 @@ class Reads:
         slots: list[int] = []
         for k in keys:
             s = get(k)
-            if s is None or pins[s] < 0:
+            if s is None or phase[s] != complete:
                 result(ReadResult(not_found))
                 continue
             h = where[s]
