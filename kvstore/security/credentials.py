@@ -125,7 +125,31 @@ class Credentials:
             out[name] = value
             if name == "tls_ca" and value:
                 out["tls_ca_from"] = source
+            if name in _FILES and value:
+                _check_file(value, name, source, path, cluster, env)
         return cls(**out)
+
+
+_FILES = {"tls_ca": "CA", "tls_cert": "client certificate", "tls_key": "client key"}
+
+
+def _check_file(value: str, name: str, source: str, path: Path, cluster: str, env: str) -> None:
+    """A file named by the credentials must be there: an error naming it and where it was
+    named, instead of an untyped FileNotFoundError at the first connection."""
+    if Path(value).is_file():
+        return
+    what = _FILES[name]
+    where = {
+        "argument": f"{name}=",
+        "environment": f"${env}",
+    }.get(source, f"\"{name}\" in the entry {cluster!r} of the credentials file {path}")
+    hint = ""
+    if source == "file" and not Path(value).is_absolute():
+        hint = (" (a path relative to the directory `kvstore up` ran in, by an older "
+                "kvstore; run `kvstore up` again, which writes absolute paths, or make it absolute)")
+    elif source == "file":
+        hint = " (was the dev cluster's data directory removed? run `kvstore up` again)"
+    raise InvalidArgument(f"the {what} file {value} named by {where} does not exist{hint}")
 
 
 def _read_file(path: Path) -> dict[str, Any]:
