@@ -65,14 +65,15 @@ def test_a_missing_ca_file_names_the_file_and_the_entry(creds_file: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     entry = "127.0.0.1:2379/default"
     creds_file.write_text(json.dumps({entry: {"token": "t", "tls_ca": ".kvstore/secrets/ca.pem"}}))
+    creds = Credentials.resolve(cluster=entry)  # resolving reads no file...
     with pytest.raises(InvalidArgument) as err:
-        Credentials.resolve(cluster=entry)
+        creds.tls  # noqa: B018 - ...the first connection does
     msg = err.value.message
     assert ".kvstore/secrets/ca.pem" in msg and repr(entry) in msg and str(creds_file) in msg
     assert "relative" in msg  # what an older `kvstore up` wrote, and what to do
     monkeypatch.setenv("KVSTORE_TLS_CA", str(creds_file.parent / "no-such-ca.pem"))
     with pytest.raises(InvalidArgument, match=r"no-such-ca.pem named by \$KVSTORE_TLS_CA"):
-        Credentials.resolve(cluster=entry)
+        Credentials.resolve(cluster=entry).grpc_channel("127.0.0.1:1", True, [])
 
 
 def test_a_ca_file_that_is_there_resolves(creds_file: Path, tmp_path: Path) -> None:
@@ -82,6 +83,7 @@ def test_a_ca_file_that_is_there_resolves(creds_file: Path, tmp_path: Path) -> N
     creds_file.write_text(json.dumps({entry: {"token": "t", "tls_ca": str(ca)}}))
     got = Credentials.resolve(cluster=entry)
     assert got.tls_ca == str(ca) and got.tls_ca_from == "file" and got.token == "t"
+    assert got.tls.ca == str(ca)
 
 
 # ------------------------------------------------------------------ SIGTERM flush
