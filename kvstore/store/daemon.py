@@ -12,8 +12,8 @@ Life of a node:
    membership watch sees another pid, drops the old incarnation's replicas and adopts
    this one's inventory (its re-indexed SSD objects), without waiting for the old lease;
 5. mount the segment at the current leader (and again whenever the leader changes);
-6. on SIGTERM: write the DRAM objects to the SSD tier, if it has one (bounded by
-   --shutdown-flush; store/shutdown.py), then unmount, delete the key, revoke the lease.
+6. on SIGTERM: unmount, write the DRAM objects to the SSD tier if it has one (bounded
+   by --shutdown-flush; store/shutdown.py), delete the key, revoke the lease.
 
 An incarnation whose key now names another one (it was frozen, and a newer process took
 its id meanwhile) has been fenced: it stops, exit FENCED_EXIT, without touching the key
@@ -188,8 +188,6 @@ class StoreDaemon:
         ]
         tasks.append(asyncio.create_task(self._guard_identity(), name="fence-guard"))
         await self._stop.wait()
-        # Still announced and mounted while it flushes: readers keep being served.
-        await self._flush_to_ssd()
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -445,7 +443,7 @@ class StoreDaemon:
         return True
 
     async def _flush_to_ssd(self) -> None:
-        """SIGTERM with an SSD tier: write the DRAM objects there first, within
+        """SIGTERM with an SSD tier: write the DRAM objects there before leaving, within
         --shutdown-flush seconds, so that a restart brings them back (store/shutdown.py).
         A fenced incarnation writes nothing: the id, and what it holds, are a newer one's."""
         if self.ssd is None or self.segment is None or self._fenced or self.opts.shutdown_flush <= 0:
@@ -476,7 +474,11 @@ class StoreDaemon:
                 async with self.security.channel(master.address, master.tls) as channel:
                     await pbg.MasterStub(channel).UnmountSegment(
                         pb.UnmountSegmentRequest(node_id=self.node_id), timeout=3.0)
+        # After the unmount: the leader places nothing more here while it runs (a put
+        # acknowledged into DRAM now would be lost at exit), and the DRAM it writes holds
+        # still. The next start's inventory brings the objects back.
         if ours:
+            await self._flush_to_ssd()
             with contextlib.suppress(Exception):
                 await self.etcd.delete(self.layout.node(self.node_id))
         if self.lease_id:
