@@ -213,10 +213,11 @@ def test_bad_keys_are_per_key_errors() -> None:
     assert core.exists([b"ba", b"", "text"]) == [True, False, False]  # type: ignore[list-item]
 
 
-def test_no_dram_segment_is_store_full() -> None:
+def test_no_dram_segment_yet_is_unavailable_not_store_full() -> None:
     core = MasterCore(CoreConfig(), ManualClock())
     [r] = start(core, [b"a"])
-    assert r.code == Code.STORE_FULL and "no store node" in r.message
+    assert r.code == Code.UNAVAILABLE and "no store node has mounted" in r.message
+    assert "yet" in r.message  # retryable: nothing is full
 
 
 def test_malformed_batches_raise_and_change_nothing() -> None:

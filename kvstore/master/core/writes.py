@@ -211,7 +211,7 @@ class Writes:
             return self._put_again(s, size, checksum, writer)
         dram = state.dram
         if not dram:
-            return self.put_failed("no_segment", self._no_segment_message(), Code.STORE_FULL)
+            return self.put_failed("no_segment", *self._no_segment())
         if t.usage is not None:
             refused = self._quotas.room(key, size, now)
             if refused is not None:
@@ -278,12 +278,15 @@ class Writes:
                     "master failover")
         return msg
 
-    def _no_segment_message(self) -> str:
+    def _no_segment(self) -> tuple[str, Code]:
         state = self._state
         if state.draining and state.segments.tier(DRAM):
             return ("every store node with a DRAM segment is draining; undrain one "
-                    "(kvstore drain NODE --cancel) or add a node")
-        return "no store node has mounted a DRAM segment"
+                    "(kvstore drain NODE --cancel) or add a node", Code.STORE_FULL)
+        # Not full: nothing is there yet (a cluster starting, every node restarting).
+        # Retryable, unlike StoreFull.
+        return ("no store node has mounted a DRAM segment yet; retry once one has "
+                "(kvstore status lists the mounted nodes)", Code.UNAVAILABLE)
 
     # -- commit -------------------------------------------------------------------
 
