@@ -86,7 +86,8 @@ def windows() -> list[list[str]]:
 
 
 class OursOps:
-    def __init__(self, master: str, wid: int, lease_ttl: float, fast: str = "") -> None:
+    def __init__(self, master: str, wid: int, lease_ttl: float, fast: str = "",
+                 columns: bool = True) -> None:
         import grpc
 
         from kvstore.rpc.client import FastChannel, FastStub
@@ -101,6 +102,9 @@ class OursOps:
         self.writer = self.holder
         self.lease_ttl = lease_ttl
         self.wins = [[k.encode() for k in w] for w in windows()]
+        # GetReplicas answered in columns, as our client asks (False: the nested items of
+        # older clients, --nested-replicas)
+        self.columns = columns
 
     @staticmethod
     def _ok(reply: Any, what: str) -> Any:
@@ -127,6 +131,8 @@ class OursOps:
                                                    force=True))
 
     def op(self, case: str) -> Callable[[int], None]:
+        from kvstore.rpc.columns import read_items
+
         pb, stub, wins = self.pb, self.stub, self.wins
         if case == "lookup128":
             def lookup(i: int) -> None:
@@ -151,8 +157,10 @@ class OursOps:
         if case == "replicas128":
             def replicas(i: int) -> None:
                 r = stub.GetReplicas(pb.GetReplicasRequest(
-                    keys=wins[i % len(wins)], lease_ttl=self.lease_ttl, holder=self.holder))
-                if len(r.items) != WINDOW or any(it.code for it in r.items):
+                    keys=wins[i % len(wins)], lease_ttl=self.lease_ttl, holder=self.holder,
+                    columns=self.columns))
+                items = read_items(r)  # what our client reads, in columns or not
+                if len(items) != WINDOW or any(it.code for it in items):
                     raise RuntimeError(f"GetReplicas: {r.error.message or 'keys missing'}")
             return replicas
         raise ValueError(case)
@@ -250,7 +258,8 @@ def run_worker(args: argparse.Namespace) -> int:
     endpoint = json.loads(args.endpoint)
     ops: OursOps | MooncakeOps
     if args.worker == "ours":
-        ops = OursOps(endpoint["master"], args.wid, args.lease_ttl, endpoint.get("fast", ""))
+        ops = OursOps(endpoint["master"], args.wid, args.lease_ttl, endpoint.get("fast", ""),
+                      columns=not args.nested_replicas)
     else:
         ops = MooncakeOps(endpoint["master"], endpoint["metadata"])
     try:
@@ -307,8 +316,51 @@ def _expect(proc: subprocess.Popen[str], what: str) -> str:
             return body[len(what):].strip()
 
 
+def spy_top(raw: Path, top: int = 15) -> str:
+    """The top entries of a py-spy raw (collapsed stacks) profile: each function's share
+    of the samples as the innermost frame (own) and anywhere on the stack (total)."""
+    own: dict[str, int] = {}
+    total: dict[str, int] = {}
+    samples = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        samples += n
+        frames = [_frame(f) for f in stack.split(";")]
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        for f in set(frames):
+            total[f] = total.get(f, 0) + n
+    if not samples:
+        return f"{raw.name}: no samples"
+    lines = [f"{raw.name}: {samples} samples; own % / total %, by own"]
+    for f, n in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"  {100 * n / samples:5.1f} {100 * total[f] / samples:5.1f}  {f}")
+    return "\n".join(lines)
+
+
+def _frame(text: str) -> str:
+    """'handle (kvstore/master/service.py:170)' -> 'handle (service.py)'."""
+    name, _, where = text.partition(" (")
+    if not where:
+        return text
+    return f"{name} ({where.rstrip(')').rsplit(':', 1)[0].rsplit('/', 1)[-1]})"
+
+
+def _spy(pid: int, out: Path, seconds: float) -> subprocess.Popen[bytes] | None:
+    """py-spy recording process `pid` for `seconds` into `out` (raw collapsed stacks)."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(spy).exists():
+        raise RuntimeError("--profile-master needs py-spy: .venv/bin/python -m pip install py-spy")
+    return subprocess.Popen([spy, "record", "-r", "250", "-d", str(max(1, round(seconds))),
+                             "-p", str(pid), "-f", "raw", "-o", str(out), "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def run_clients(args: argparse.Namespace, system: str, endpoint: dict[str, str], n: int,
-                cases: list[str], populate: bool, log: Path) -> list[CaseResult]:
+                cases: list[str], populate: bool, log: Path,
+                spy_pid: int = 0) -> list[CaseResult]:
     from bench.clusters import MOONCAKE_ENV, log_tail, uninterrupted
 
     procs: list[subprocess.Popen[str]] = []
@@ -319,6 +371,8 @@ def run_clients(args: argparse.Namespace, system: str, endpoint: dict[str, str],
             cmd = [sys.executable, "-m", MODULE, "--worker", system, "--endpoint",
                    json.dumps(endpoint), "--wid", str(wid), "--cases", ",".join(cases),
                    "--duration", str(args.duration), "--lease-ttl", str(args.lease_ttl)]
+            if args.nested_replicas:
+                cmd.append("--nested-replicas")
             if populate and wid == 0:
                 cmd.append("--populate")
             procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -326,12 +380,20 @@ def run_clients(args: argparse.Namespace, system: str, endpoint: dict[str, str],
         for case in cases:
             for p in procs:
                 _expect(p, f"ready {case}")
+            spy = None
+            if spy_pid and args.profile_master:
+                out = Path(args.profile_master) / f"{system}-master-{case}-{n}c.txt"
+                spy = _spy(spy_pid, out, args.duration)
+                time.sleep(0.3)  # attached before the clients start
             for p in procs:
                 assert p.stdin is not None
                 p.stdin.write("go\n")
                 p.stdin.flush()
             parts = [json.loads(_expect(p, "result")) for p in procs]
             results.append(merge(system, case, parts))
+            if spy is not None:
+                spy.wait(timeout=60)
+                print(spy_top(out), flush=True)
         for p in procs:
             p.wait(timeout=60)
     except RuntimeError as exc:
@@ -404,7 +466,7 @@ def orchestrate(args: argparse.Namespace) -> int:
             ep = {"master": oc.master, "fast": fast_address(oc.etcd) if args.transport == "fast" else ""}
             results += run_clients(args, "ours", ep, 1, single, True, tmp / "clients-ours.log")
             results += run_clients(args, "ours", ep, args.clients, multi, False,
-                                   tmp / "clients-ours.log")
+                                   tmp / "clients-ours.log", spy_pid=oc.pids["master"])
         with mooncake(tmp, SEGMENT) as mc:
             print("Mooncake store up; measuring ...", flush=True)
             ep = {"master": mc.master, "metadata": mc.metadata}
@@ -446,6 +508,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kvstore's control channel: the fast one the clients use by default, "
                         "or gRPC")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--nested-replicas", action="store_true",
+                   help="GetReplicas answered as one message per key (what clients before "
+                        "the columnar answer asked for) instead of in columns")
+    p.add_argument("--profile-master", metavar="DIR",
+                   help="py-spy our master during each --clients case (needs py-spy); raw "
+                        "stacks go in DIR, the top entries are printed")
     p.add_argument("--keep-logs", action="store_true", help="keep the temporary log directory")
     p.add_argument("--worker", choices=["ours", "mooncake"], help=argparse.SUPPRESS)
     p.add_argument("--endpoint", help=argparse.SUPPRESS)
@@ -459,6 +527,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.quick:
         args.duration = 0.5
+    if args.profile_master:
+        args.profile_master = str(Path(args.profile_master).resolve())
+        Path(args.profile_master).mkdir(parents=True, exist_ok=True)
     if args.worker:
         return run_worker(args)
     from bench.netns import ensure_private_netns

@@ -363,11 +363,18 @@ def open_apis(args: argparse.Namespace, endpoint: dict[str, str],
 
         systems.append(Mooncake(endpoint, Slots(args.batch, max(sizes)),
                                 staging_bytes(sizes, args.batch)))
+    from bench.systems.ours import OtherReader
+
     apis: list[Api] = []
+    timers: dict[int, Phases] = {}
     for system in systems:
         mine: list[Api] = [BytesApi(system), RegisteredApi(system)]
         if args.phases and isinstance(system, Ours):
-            timer = Phases()
+            if isinstance(system, OtherReader):
+                # its puts are the writer's calls: one timer sees both clients
+                timer = timers[id(system.writer)]
+            else:
+                timer = timers[id(system)] = Phases()
             timer.install(system)
             for api in mine:
                 api.phases = timer

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -202,3 +203,17 @@ def test_vs_mooncake_live_set_follows_dram() -> None:
     with pytest.raises(SystemExit):
         vs_mooncake.check(parser, bad)
     assert errors and "--dram 512.0 MiB or more" in errors[0], errors
+
+
+def test_master_ops_spy_top_ranks_functions_by_own_samples(tmp_path: Path) -> None:
+    raw = tmp_path / "p.txt"
+    raw.write_text(
+        "process 1:\"python\";run (asyncio/base_events.py:10);handle (kvstore/master/service.py:170) 6\n"
+        "process 1:\"python\";run (asyncio/base_events.py:11);handle (kvstore/master/service.py:171);"
+        "exists (kvstore/master/core/api.py:5) 3\n"
+        "process 1:\"python\";run (asyncio/base_events.py:12) 1\n")
+    text = master_ops.spy_top(raw)
+    lines = text.splitlines()
+    assert "10 samples" in lines[0]
+    assert lines[1].split() == ["60.0", "90.0", "handle", "(service.py)"]
+    assert lines[2].split() == ["30.0", "30.0", "exists", "(api.py)"]
