@@ -17,6 +17,7 @@ never a guess at what the bytes meant.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import accumulate
 from typing import Any
 
 from kvstore.errors import Internal
@@ -148,13 +149,10 @@ def decode(columns: Any) -> list[ReadItem]:
         raise MalformedReply(
             f"a location of the master's GetReplicas columns names range {max(loc_ranges)} "
             f"of {len(table)}")
-    items: list[ReadItem] = []
-    pos = 0
-    for i in range(n):
-        locs: list[Location] = []
-        for j in range(pos, pos + counts[i]):
-            node_id, segment, tier = table[loc_ranges[j]]
-            locs.append(Location(node_id, segment, loc_addrs[j], loc_sizes[j], tier))
-        pos += counts[i]
-        items.append(ReadItem(codes[i], sizes[i], checksums[i], placements[i], locs))
-    return items
+    locs = [Location(where[0], where[1], addr, size, where[2])
+            for where, addr, size in zip(map(table.__getitem__, loc_ranges), loc_addrs,
+                                         loc_sizes, strict=True)]
+    ends = list(accumulate(counts))
+    return [ReadItem(code, size, checksum, placement, locs[end - count:end])
+            for code, size, checksum, placement, count, end
+            in zip(codes, sizes, checksums, placements, counts, ends, strict=True)]
