@@ -1,12 +1,15 @@
 """Control-plane benchmark: our master against Mooncake's, no object bytes moved.
 
-    python -m bench.master_ops [--duration 2] [--clients 8] [--quick] [--json out.json]
-                               [--transport fast|grpc]
+    python -m bench.master_ops [--duration 2] [--turns 2] [--clients 8] [--quick]
+                               [--json out.json] [--transport fast|grpc]
+                               [--profile-master DIR] [--nested-replicas]
 
 Re-executes itself in a private network namespace (loopback only; needs root). Starts
-one system at a time (ours: etcd + master + one store node; Mooncake: mooncake_master
-+ one store-node process), each with a 1 GiB segment that only receives allocations,
-and measures from separate client processes:
+both systems (ours: etcd + master + one store node; Mooncake: mooncake_master + one
+store-node process), each with a 1 GiB segment that only receives allocations, and
+measures them in --turns turns each, alternating (who goes first alternates too), each
+turn running every case for its share of --duration, from separate client processes
+(samples pooled over the turns, so a slow spell of a shared machine falls on both):
 
 | case        | kvstore (raw MasterStub calls; --transport| Mooncake (Python client)                  |
 |             | fast: the fast channel, grpc: gRPC)      |                                           |
@@ -31,6 +34,7 @@ write case's keys are removed afterwards, untimed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -39,7 +43,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -131,9 +135,10 @@ class OursOps:
                                                    force=True))
 
     def op(self, case: str) -> Callable[[int], None]:
-        from kvstore.rpc.columns import read_items
-
         pb, stub, wins = self.pb, self.stub, self.wins
+        read_items: Callable[[Any], list[Any]] = lambda r: list(r.items)  # noqa: E731
+        if self.columns:
+            from kvstore.rpc.columns import read_items
         if case == "lookup128":
             def lookup(i: int) -> None:
                 r = stub.Lookup(pb.LookupRequest(keys=wins[i % len(wins)], lease_ttl=self.lease_ttl,
@@ -289,6 +294,8 @@ class CaseResult:
     calls: int
     lat: Latency
     rate: float  # keys or objects per second, all clients together
+    samples: list[float] = field(default_factory=list, repr=False)  # seconds per call
+    span: float = 0.0  # seconds from the first client's start to the last one's end
 
     def as_dict(self) -> dict[str, Any]:
         return {"system": self.system, "case": self.case, "clients": self.clients,
@@ -300,7 +307,23 @@ def merge(system: str, case: str, parts: list[dict[str, Any]]) -> CaseResult:
     calls = sum(p["calls"] for p in parts)
     span = max(p["end"] for p in parts) - min(p["start"] for p in parts)
     return CaseResult(system, case, len(parts), calls, Latency.of(lat),
-                      calls * UNITS[case] / span)
+                      calls * UNITS[case] / span, lat, span)
+
+
+def pool_turns(results: list[CaseResult]) -> list[CaseResult]:
+    """One result per (system, case, clients) from its turns: latencies over every call
+    of every turn, the rate over the summed spans."""
+    groups: dict[tuple[str, str, int], list[CaseResult]] = {}
+    for r in results:
+        groups.setdefault((r.system, r.case, r.clients), []).append(r)
+    out = []
+    for (system, case, clients), parts in groups.items():
+        lat = [x for p in parts for x in p.samples]
+        calls = sum(p.calls for p in parts)
+        span = sum(p.span for p in parts)
+        out.append(CaseResult(system, case, clients, calls, Latency.of(lat),
+                              calls * UNITS[case] / span, lat, span))
+    return out
 
 
 def _expect(proc: subprocess.Popen[str], what: str) -> str:
@@ -459,21 +482,27 @@ def orchestrate(args: argparse.Namespace) -> int:
     t_start = time.monotonic()
     results: list[CaseResult] = []
     try:
-        print(f"{args.duration:g} s per case, 1 and {args.clients} clients, kvstore over "
-              f"{args.transport}; logs in {tmp}", flush=True)
-        with ours(tmp, dram="1GiB") as oc:
-            print("kvstore cluster up; measuring ...", flush=True)
-            ep = {"master": oc.master, "fast": fast_address(oc.etcd) if args.transport == "fast" else ""}
-            results += run_clients(args, "ours", ep, 1, single, True, tmp / "clients-ours.log")
-            results += run_clients(args, "ours", ep, args.clients, multi, False,
-                                   tmp / "clients-ours.log", spy_pid=oc.pids["master"])
-        with mooncake(tmp, SEGMENT) as mc:
-            print("Mooncake store up; measuring ...", flush=True)
-            ep = {"master": mc.master, "metadata": mc.metadata}
-            results += run_clients(args, "mooncake", ep, 1, single, True,
-                                   tmp / "clients-mooncake.log")
-            results += run_clients(args, "mooncake", ep, args.clients, multi, False,
-                                   tmp / "clients-mooncake.log")
+        print(f"{args.duration:g} s per case in {args.turns} turn(s) per system, 1 and "
+              f"{args.clients} clients, kvstore over {args.transport}; logs in {tmp}",
+              flush=True)
+        with contextlib.ExitStack() as stack:
+            oc = stack.enter_context(ours(tmp, dram="1GiB"))
+            fast = fast_address(oc.etcd) if args.transport == "fast" else ""
+            mc = stack.enter_context(mooncake(tmp, SEGMENT))
+            systems = [("ours", {"master": oc.master, "fast": fast}, oc.pids["master"]),
+                       ("mooncake", {"master": mc.master, "metadata": mc.metadata}, 0)]
+            print("both systems up; measuring them in turn ...", flush=True)
+            whole = args.duration
+            args.duration = whole / args.turns  # each turn's share of every case
+            for turn in range(args.turns):
+                # who goes first alternates, so a slow spell falls on both
+                for system, ep, pid in systems if turn % 2 == 0 else systems[::-1]:
+                    log = tmp / f"clients-{system}.log"
+                    results += run_clients(args, system, ep, 1, single, turn == 0, log)
+                    results += run_clients(args, system, ep, args.clients, multi, False, log,
+                                           spy_pid=pid if turn == 0 else 0)
+            args.duration = whole
+        results = pool_turns(results)
         print()
         print(render(results))
         print(f"\n(total {time.monotonic() - t_start:.0f} s; lookup leases ttl "
@@ -500,6 +529,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m {MODULE}",
                                 description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--duration", type=float, default=2.0, help="seconds per case")
+    p.add_argument("--turns", type=int, default=2,
+                   help="both systems are up at once and take this many turns each, "
+                        "alternating (who goes first too), each running every case for "
+                        "its share of --duration; the samples of all turns are pooled")
     p.add_argument("--clients", type=int, default=8, help="concurrent client processes")
     p.add_argument("--lease-ttl", type=float, default=1.0,
                    help="ttl of the leases Lookup/GetReplicas grant (never released)")
@@ -527,6 +560,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.quick:
         args.duration = 0.5
+    if args.turns < 1:
+        build_parser().error(f"--turns must be 1 or more, got {args.turns}")
     if args.profile_master:
         args.profile_master = str(Path(args.profile_master).resolve())
         Path(args.profile_master).mkdir(parents=True, exist_ok=True)

@@ -217,3 +217,17 @@ def test_master_ops_spy_top_ranks_functions_by_own_samples(tmp_path: Path) -> No
     assert "10 samples" in lines[0]
     assert lines[1].split() == ["60.0", "90.0", "handle", "(service.py)"]
     assert lines[2].split() == ["30.0", "30.0", "exists", "(api.py)"]
+
+
+def test_master_ops_turns_pool_samples_and_spans() -> None:
+    one = master_ops.merge("ours", "exists1", [
+        {"lat": [1e-3, 3e-3], "calls": 2, "start": 10.0, "end": 11.0}])
+    two = master_ops.merge("ours", "exists1", [
+        {"lat": [2e-3], "calls": 1, "start": 20.0, "end": 23.0}])
+    other = master_ops.merge("mooncake", "exists1", [
+        {"lat": [5e-3], "calls": 1, "start": 0.0, "end": 1.0}])
+    pooled = {r.system: r for r in master_ops.pool_turns([one, other, two])}
+    ours = pooled["ours"]
+    assert ours.calls == 3 and ours.span == 4.0 and ours.rate == 3 / 4.0
+    assert ours.lat.p50 == 2e-3 and sorted(ours.samples) == [1e-3, 2e-3, 3e-3]
+    assert pooled["mooncake"].calls == 1
