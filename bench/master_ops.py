@@ -137,6 +137,7 @@ class OursOps:
     def op(self, case: str) -> Callable[[int], None]:
         pb, stub, wins = self.pb, self.stub, self.wins
         read_items: Callable[[Any], list[Any]] = lambda r: list(r.items)  # noqa: E731
+        columns = {"columns": True} if self.columns else {}  # unknown to older masters' proto
         if self.columns:
             from kvstore.rpc.columns import read_items
         if case == "lookup128":
@@ -163,7 +164,7 @@ class OursOps:
             def replicas(i: int) -> None:
                 r = stub.GetReplicas(pb.GetReplicasRequest(
                     keys=wins[i % len(wins)], lease_ttl=self.lease_ttl, holder=self.holder,
-                    columns=self.columns))
+                    **columns))
                 items = read_items(r)  # what our client reads, in columns or not
                 if len(items) != WINDOW or any(it.code for it in items):
                     raise RuntimeError(f"GetReplicas: {r.error.message or 'keys missing'}")
