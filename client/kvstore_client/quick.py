@@ -48,6 +48,7 @@ from typing import Any, Final
 
 from kvstore.checksum import matches
 from kvstore.errors import Code, KVStoreError, check_key
+from kvstore.rpc.columns import read_items
 from kvstore.v1 import master_pb2 as pb
 from kvstore_client import datapath
 from kvstore_client.buffers import DEVICE_MEMORY, Dest
@@ -110,7 +111,7 @@ def read_one(st: ClientState, control: Any, key: bytes, dest: Dest | None,  # no
             tid = st.transfer.start(seen.segment, dest.addr, seen.addr, size, False)
         except KVStoreError:
             return SLOW
-    request = pb.GetReplicasRequest(keys=[key], holder=st.writer_id, unpinned=True)
+    request = pb.GetReplicasRequest(keys=[key], holder=st.writer_id, unpinned=True, columns=True)
     reply: Any = None
     landed: bool | None = None
     try:
@@ -135,9 +136,10 @@ def read_one(st: ClientState, control: Any, key: bytes, dest: Dest | None,  # no
         return SLOW
     lease_id = reply.lease_id  # 0 but from a master that does not know `unpinned`
     try:
-        if len(reply.items) != 1:
+        items = read_items(reply)
+        if len(items) != 1:
             return SLOW
-        item = reply.items[0]
+        item = items[0]
         if item.code == Code.NOT_FOUND:
             st.placements.forget(key)
             st.stats.gets += 1
