@@ -130,7 +130,10 @@ class DevCluster:
         for i in range(o.nodes):
             self._spawn(f"store-{i}", [*kv, "store", "--etcd", etcd, "--dram", o.dram,
                                        "--cluster", o.cluster, "--node-id", f"node-{i}",
-                                       *secure, *o.extra_store_args], logs)
+                                       *secure,
+                                       # "{node}" in an argument: this node's number
+                                       *[a.replace("{node}", str(i)) for a in o.extra_store_args]],
+                        logs)
 
     def _spawn(self, name: str, cmd: list[str], logs: Path) -> subprocess.Popen[bytes]:
         log = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the child

@@ -116,6 +116,7 @@ def settle(st: ClientState, keys: list[bytes], items: list[pb.ReadItem], lease_i
     SSD into DRAM (IN_PROGRESS), until they are readable or the lease runs out."""
     delay = 0.002
     waiting = [j for j, item in enumerate(items) if item.code == Code.IN_PROGRESS]
+    st.stats.ssd_waits += len(waiting)
     while waiting and lease_id and st.now() + delay < deadline:
         yield Wait(delay)
         delay = min(delay * 2, 0.05)
