@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kvstore.checksum import checksum
@@ -31,6 +32,9 @@ class StoreNodeService(spbg.StoreNodeServicer):
         self.ssd = ssd
         self.counters = counters
         self.ssd_tokens: dict[bytes, int] = {}  # key -> the leader's SSD reservation
+        # Promotions read on threads of their own: a reader waits for them, and in the
+        # shared pool they queued behind a flood of demotion writes.
+        self._promoting = ThreadPoolExecutor(4, thread_name_prefix="promote")
 
     async def Apply(self, request: spb.ApplyRequest, context: Any) -> spb.ApplyResponse:
         if not self.inventory.admit_epoch(request.epoch):
@@ -69,8 +73,11 @@ class StoreNodeService(spbg.StoreNodeServicer):
         items = list(request.items)
         # Disk I/O runs in worker threads, several at once, off the event loop: the
         # node keeps answering the leader (and its etcd keepalive) meanwhile.
-        codes = list(await asyncio.gather(*(asyncio.to_thread(self._move, item)
-                                            for item in items)))
+        loop = asyncio.get_running_loop()
+        codes = list(await asyncio.gather(*(
+            loop.run_in_executor(self._promoting if item.kind == "promote" else None,
+                                 self._move, item)
+            for item in items)))
         demoted = [i for i, item in enumerate(items)
                    if item.kind == "demote" and codes[i] == Code.OK]
         ssd = self.ssd
