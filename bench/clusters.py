@@ -119,11 +119,13 @@ def wait_mounted(master: str, nodes: int, procs: list[subprocess.Popen[bytes]],
 
 @contextlib.contextmanager
 def ours(tmp: Path, dram: str = "2GiB", nodes: int = 1,
-         master_args: list[str] | None = None) -> Iterator[OursCluster]:
+         master_args: list[str] | None = None,
+         store_args: list[str] | None = None) -> Iterator[OursCluster]:
     # Open (no TLS, no tokens), like Mooncake Store, which has neither: the comparison
     # is of the data and control paths. It also writes no credentials file.
     opts = UpOptions(data_dir=tmp / "ours", nodes=nodes, dram=dram, etcd_port=free_port(),
                      master_port=free_port(), extra_master_args=list(master_args or []),
+                     extra_store_args=list(store_args or []),
                      secure=False)
     dev = DevCluster(opts)
     logs = opts.data_dir / "logs"
@@ -131,7 +133,9 @@ def ours(tmp: Path, dram: str = "2GiB", nodes: int = 1,
         dev.start()
         master = f"127.0.0.1:{opts.master_port}"
         try:
-            wait_mounted(master, nodes, [p for _, p in dev.procs])
+            # A node with an SSD tier mounts two segments.
+            segments = nodes * (2 if "--ssd-dir" in (store_args or []) else 1)
+            wait_mounted(master, segments, [p for _, p in dev.procs])
         except RuntimeError as exc:
             tails = "\n".join(log_tail(logs / f"{name}.log") for name, _ in dev.procs)
             raise RuntimeError(f"{exc}\n{tails}") from None

@@ -195,8 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--lease-ttl", type=float, default=30.0, help="default read-lease TTL, s")
     m.add_argument("--max-lease-ttl", type=float, default=60.0,
                    help="cap on read-lease TTLs, s; also how long a new leader holds eviction")
-    m.add_argument("--evict-high", type=float, default=0.90)
-    m.add_argument("--evict-low", type=float, default=0.80)
+    m.add_argument("--evict-high", type=float, default=0.98)
+    m.add_argument("--evict-low", type=float, default=0.97)
     m.add_argument("--replicas", type=int, default=1, help="default replicas per object")
     m.add_argument("--etcd-lease-ttl", type=int, default=5)
     m.add_argument("--ack-timeout", type=float, default=3.0,

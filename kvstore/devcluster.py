@@ -135,7 +135,10 @@ class DevCluster:
         for i in range(o.nodes):
             self._spawn(f"store-{i}", [*kv, "store", "--etcd", etcd, "--dram", o.dram,
                                        "--cluster", o.cluster, "--node-id", f"node-{i}",
-                                       *secure, *o.extra_store_args], logs)
+                                       *secure,
+                                       # "{node}" in an argument: this node's number
+                                       *[a.replace("{node}", str(i)) for a in o.extra_store_args]],
+                        logs)
         # What this run wrote, not what the environment says: KVSTORE_TLS_CA set for
         # another cluster must not stop this one from coming up.
         self.wait_for_nodes(Credentials(token=sec.admin_token, tls_ca=str(sec.ca))

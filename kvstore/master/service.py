@@ -365,7 +365,7 @@ class MasterService(pbg.MasterServicer):
             bytes_complete=s.bytes_complete,
             bytes_pending=s.bytes_pending,
             active_leases=s.active_leases,
-            counters_json=json.dumps(counters(s)),
+            counters_json=json.dumps({**counters(s), **self.core.tier_counters()}),
             recent_lookup_keys=s.recent.get("lookup_keys", 0),
             recent_hit_keys=s.recent.get("hit_keys", 0),
             recent_seconds=s.recent_seconds,

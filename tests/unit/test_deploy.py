@@ -82,6 +82,8 @@ METRICS: dict[str, set[str]] = {
     "kvstore_master_put_failures_total": {"reason"},
     "kvstore_master_eviction_blocked_total": set(),
     "kvstore_master_eviction_blocked_bytes_total": set(),
+    "kvstore_master_pin_capped_total": set(),
+    "kvstore_master_pin_capped_keys_total": set(),
 }
 HISTOGRAMS = {"kvstore_master_rpc_seconds"}
 TARGET_LABELS = {"job", "instance", "namespace", "pod", "service", "container", "endpoint"}

@@ -54,6 +54,7 @@ from .config import CoreConfig, same_structure
 from .eviction import Eviction
 from .introspect import Introspect
 from .membership import Membership
+from .pin_cap import PinCap
 from .pins import Pins
 from .quotas import Quotas
 from .reads import Reads
@@ -91,6 +92,7 @@ class MasterCore:
         self._quotas = Quotas(state, self._eviction)
         self._writes = Writes(state, self._pins, self._eviction, self._tiers, self._quotas)
         self._reads = Reads(state, self._pins, self._tiers)
+        self._pin_cap = self._reads.pin_cap = PinCap(state)
         self._membership = Membership(state, self._pins)
         self._introspect = Introspect(state, self._membership, self._quotas)
 
@@ -224,7 +226,8 @@ class MasterCore:
         """Pin the longest contiguous COMPLETE prefix of `keys` under a new lease.
 
         A key repeated inside the prefix is pinned once per position, so trimming the
-        lease with keep_first_n stays positional.
+        lease with keep_first_n stays positional. A prefix that would take the holder
+        or the owner past pin_share of the DRAM pool is cut where it fits (pin_cap.py).
         """
         return self._reads.lookup(keys, lease_ttl, holder, owner)
 
@@ -376,7 +379,10 @@ class MasterCore:
     # ------------------------------------------------------------------ introspection
 
     def stats(self) -> CoreStats:
-        return self._introspect.stats()
+        st = self._introspect.stats()
+        st.pin_capped = self._pin_cap.capped
+        st.pin_capped_keys = self._pin_cap.capped_keys
+        return st
 
     def inspect(self, key: bytes) -> ObjectInfo | None:
         return self._introspect.inspect(key)
@@ -432,6 +438,6 @@ class MasterCore:
         TTLs to leases granted or renewed from now on."""
         if not same_structure(self._state.config, config):
             raise InvalidArgument(
-                "only live settings (evict_high, evict_low, max_lease_ttl, "
-                "default_lease_ttl, put_timeout) can change without a restart")
+                "only live settings (evict_high, evict_low, evict_batch, pin_share, "
+                "max_lease_ttl, default_lease_ttl, put_timeout) can change without a restart")
         self._state.config = config

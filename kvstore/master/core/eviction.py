@@ -1,7 +1,9 @@
 """The eviction policy, and the one bookkeeping every eviction goes through.
 
 When to start (above evict_high of the DRAM pool, or when an allocation finds no room),
-where to stop (evict_low, or the first victim that makes room), the post-failover hold
+where to stop (evict_low, or the first victim that makes room), how much one round may
+take (evict_batch objects: the marks sit close to the top so the pool stays full, and a
+round stays small however large the pool is), the post-failover hold
 (nothing is evicted before hold_eviction_until: the old leader's pins are unknown),
 demoting instead of dropping where the node has an SSD tier, and the bookkeeping
 (Eviction.evict: counters, the EVICTED event, the drop). Victims come oldest first
@@ -34,6 +36,7 @@ class Eviction:
         # Start demoting slot s instead of dropping it: True if it is on its way to SSD.
         # Tiers demote for eviction and evict for their moves; the facade ties the knot.
         self.demote: Callable[[int], bool] = _no_demotion
+        self._unfinished = False  # the last watermark round stopped at evict_batch
 
     # -- bookkeeping --------------------------------------------------------------
 
@@ -97,6 +100,11 @@ class Eviction:
     def evict_until(self, target: float, used: int, limit: int | None = None) -> int:
         """Evict until used <= target (or `limit` objects went); returns used afterwards.
         Stops at the first object that gets there, so it never evicts more than needed."""
+        return self._evict_until(target, used, limit)[0]
+
+    def _evict_until(self, target: float, used: int,
+                     limit: int | None = None) -> tuple[int, int]:
+        """evict_until, and how many objects went (evicted or demoting)."""
         n = 0
         # Nothing here allocates DRAM or looks at its free extents (`used` counts the
         # objects' footprints), so the victims' ranges can be freed together at the end:
@@ -112,18 +120,26 @@ class Eviction:
         finally:
             for seg, ranges in frees.items():
                 seg.give_many(ranges)
-        return used
+        return used, n
 
     def to_watermark(self, now: float) -> None:
-        """Above evict_high of the DRAM pool, evict (or demote) down to evict_low."""
+        """Above evict_high of the DRAM pool, evict (or demote) down to evict_low, at
+        most evict_batch objects per round: with the default marks close together the
+        pool stays near full, and a round never costs more than the batch. A round the
+        batch cut short is not blocked: the next put or tick goes on from there."""
         state = self._state
         if now < state.hold_until or not state.pool_capacity:
             return
         used = state.pool_used()
         config = state.config
-        if used > config.evict_high * state.pool_capacity:
+        if used > config.evict_high * state.pool_capacity or self._unfinished:
             target = config.evict_low * state.pool_capacity
-            used = self.evict_until(target, used)
+            used, n = self._evict_until(target, used, config.evict_batch)
+            # Cut short by the batch: the next round goes on down to evict_low, even
+            # from below evict_high.
+            self._unfinished = used > target and n >= config.evict_batch
+            if self._unfinished:
+                return
             if used > target:
                 # Every tick retries; one shortfall episode is counted once.
                 if not state.watermark_blocked:

@@ -15,6 +15,7 @@ from kvstore.errors import Code
 
 from .keys import all_valid, hashable, norm_key, norm_keys
 from .lifecycle import COMPLETE
+from .pin_cap import PinCap
 from .pins import Pins
 from .results import (
     GetReplicasResult,
@@ -40,6 +41,7 @@ class Reads:
         self._t = state.objects
         self._pins = pins
         self._tiers = tiers
+        self.pin_cap: PinCap | None = None  # the facade sets it
 
     def exists(self, keys: Sequence[bytes]) -> list[bool]:
         """MasterCore.exists."""
@@ -85,7 +87,17 @@ class Reads:
         if not count:
             return LookupResult(0, 0, 0.0)
         now = state.clock.now()
+        cap = self.pin_cap
+        if cap is not None:
+            count = cap.allow(holder, owner, slots, now)
+            if count < len(slots):
+                c.hit_keys -= len(slots) - count  # hits are what the lookup reports
+                del slots[count:]
+                if not count:
+                    return LookupResult(0, 0, 0.0)
         lease = self._pins.grant(holder, list(keys[:count]), slots, ttl, now, owner)
+        if cap is not None:
+            cap.granted(lease.lease_id, holder, owner, slots)
         if state.tiered:
             # Hits on SSD start their way back to DRAM now, so the load finds them there.
             by_id = state.segments.by_id
