@@ -8,7 +8,10 @@ transaction (the basis of leader election) and a prefix watch.
 TLS to etcd is set per process by the environment, so that every daemon, client and
 admin command of a deployment picks it up the same way: KVSTORE_ETCD_CA (the CA of etcd's
 certificate; setting it turns TLS on), and for etcd's --client-cert-auth also
-KVSTORE_ETCD_CERT and KVSTORE_ETCD_KEY.
+KVSTORE_ETCD_CERT and KVSTORE_ETCD_KEY. Where etcd's auth is on (`kvstore etcd-setup`),
+KVSTORE_ETCD_USER names the etcd user and KVSTORE_ETCD_PASSWORD_FILE a file holding its
+password (or KVSTORE_ETCD_PASSWORD the password itself); with client certificates etcd
+takes the user from the certificate's CN and neither is needed.
 """
 
 from __future__ import annotations
@@ -23,10 +26,16 @@ from typing import Any
 
 import grpc
 from etcd3aio import Etcd3Client
-from etcd3aio.errors import EtcdError
+from etcd3aio.errors import EtcdConnectionError, EtcdError, EtcdPermissionDeniedError, EtcdTransientError
 from etcd3aio.kv import KVService, prefix_range_end
 
-from kvstore.errors import InvalidArgument, KVStoreError, Unavailable
+from kvstore.errors import (
+    InvalidArgument,
+    KVStoreError,
+    PermissionDenied,
+    Unauthenticated,
+    Unavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +85,60 @@ def etcd_tls() -> dict[str, bytes]:
     return out
 
 
+# s between re-authentications: etcd's simple tokens lapse after --auth-token-ttl (300 s
+# by default) and all of them at once when etcd restarts, so a daemon renews well inside
+# both.
+TOKEN_REFRESH = 20.0
+
+
+def etcd_user() -> tuple[str, str] | None:
+    """(user, password) for etcd's auth from the environment (see the module doc); None
+    when no user is named."""
+    user = os.environ.get("KVSTORE_ETCD_USER", "")
+    if not user:
+        return None
+    path = os.environ.get("KVSTORE_ETCD_PASSWORD_FILE", "")
+    if path:
+        try:
+            with open(path) as f:
+                return user, f.read().strip()
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read KVSTORE_ETCD_PASSWORD_FILE {path}: "
+                                  f"{exc.strerror}") from exc
+    password = os.environ.get("KVSTORE_ETCD_PASSWORD", "")
+    if not password:
+        raise InvalidArgument(f"KVSTORE_ETCD_USER={user} needs KVSTORE_ETCD_PASSWORD_FILE (a "
+                              "file with its password; `kvstore etcd-setup` writes them)")
+    return user, password
+
+
+def denied(endpoint: str, what: str) -> PermissionDenied:
+    who = os.environ.get("KVSTORE_ETCD_USER", "") or "this process's etcd user"
+    return PermissionDenied(
+        f"etcd at {endpoint} refused to let {who} {what} (etcd auth is on and its role "
+        "does not allow it); live settings change through the leader "
+        "(`kvstore config set` with an admin token), records only by the daemons")
+
+
+def auth_required(exc: grpc.RpcError) -> bool:
+    """Whether etcd refused a call for want of a user (its auth is on, none was given)."""
+    return exc.code() == grpc.StatusCode.INVALID_ARGUMENT and \
+        "user name is empty" in (exc.details() or "")
+
+
+def _refused(endpoint: str, exc: grpc.RpcError, what: str) -> KVStoreError:
+    if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+        return denied(endpoint, what)
+    if auth_required(exc):
+        return Unauthenticated(
+            f"etcd at {endpoint} has its auth on and this process names no etcd user; set "
+            "KVSTORE_ETCD_USER and KVSTORE_ETCD_PASSWORD_FILE (`kvstore etcd-setup` prints "
+            "them), or give a client master addresses instead of etcd")
+    verb = "write to" if what.startswith("write") else "reach"
+    return Unavailable(f"cannot {verb} etcd at {endpoint} ({exc.code().name}); "
+                       "start etcd or pass the right --etcd HOST:PORT")
+
+
 def _sync_channel(endpoint: str) -> grpc.Channel:
     tls = etcd_tls()
     if not tls:
@@ -108,6 +171,8 @@ class Etcd:
         if manager is not None and isinstance(getattr(manager, "grpc_options", None), list):
             manager.grpc_options.extend(RECONNECT_OPTIONS)
         self._connected = False
+        self._user = etcd_user()
+        self._refresher: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Etcd:
         await self.connect()
@@ -120,13 +185,23 @@ class Etcd:
         await self._client.connect()
         self._connected = True
         try:
+            if self._user is not None:
+                await self._authenticate()
             await self._kv.get(b"/kvstore/", timeout=self.timeout, max_attempts=1)
-        except Exception as exc:  # grpc errors, timeouts, DNS failures
+        except EtcdPermissionDeniedError:
+            pass  # etcd answered: this user's role just may not read that key
+        except KVStoreError:
             await self.close()
-            raise Unavailable(
-                f"cannot reach etcd at {self.endpoint} ({_reason(exc)}); "
-                "start etcd or pass the right --etcd HOST:PORT"
-            ) from exc
+            raise
+        except Exception as exc:  # timeouts, DNS failures
+            await self.close()
+            raise self._unreachable(exc) from exc
+        if self._user is not None:
+            self._refresher = asyncio.create_task(self._refresh_token(), name="etcd-token")
+
+    def _unreachable(self, exc: BaseException) -> Unavailable:
+        return Unavailable(f"cannot reach etcd at {self.endpoint} ({_reason(exc)}); "
+                           "start etcd or pass the right --etcd HOST:PORT")
 
     async def connect_until(self, stop: asyncio.Event, who: str) -> bool:
         """Connect, however long etcd is away (a daemon never exits for that); False if
@@ -149,7 +224,35 @@ class Etcd:
                 await asyncio.wait_for(stop.wait(), 1.0)
         return False
 
+    async def _authenticate(self) -> None:
+        assert self._user is not None and self._client.auth is not None
+        try:
+            resp = await self._client.auth.authenticate(*self._user, timeout=self.timeout)
+        except (EtcdConnectionError, EtcdTransientError, TimeoutError):
+            raise
+        except EtcdError as exc:
+            raise Unavailable(f"etcd at {self.endpoint} refused user {self._user[0]!r} "
+                              f"({exc}); check KVSTORE_ETCD_USER and its password "
+                              "file") from exc
+        self._client.set_token(resp.token)
+
+    async def _refresh_token(self) -> None:
+        """Renew the token every TOKEN_REFRESH s; a failed try is retried each second
+        (etcd restarted and forgot every token: the daemon must not wait long)."""
+        pause = TOKEN_REFRESH
+        while True:
+            await asyncio.sleep(pause)
+            try:
+                await self._authenticate()
+                pause = TOKEN_REFRESH
+            except ETCD_ERRORS as exc:
+                log.warning("etcd: cannot renew the auth token (%s); retrying", _reason(exc))
+                pause = 1.0
+
     async def close(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            self._refresher = None
         if self._connected:
             self._connected = False
             with contextlib.suppress(Exception):
@@ -184,9 +287,6 @@ class Etcd:
 
     async def delete(self, key: bytes) -> None:
         await self._kv.delete(key, timeout=self.timeout)
-
-    async def delete_prefix(self, prefix: bytes) -> None:
-        await self._kv.delete(prefix, prefix_range_end(prefix), timeout=self.timeout)
 
     async def create_if_absent(self, key: bytes, value: bytes, lease: int) -> int | None:
         """Put `key` only if it does not exist. Returns its create revision, or None."""
@@ -289,20 +389,35 @@ def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def _sync_metadata(channel: grpc.Channel, endpoint: str,
+                   timeout: float) -> tuple[tuple[str, str], ...] | None:
+    """The token metadata for one synchronous call (an Authenticate first), or None."""
+    from etcd3aio._protobuf import AuthenticateRequest, AuthStub
+
+    user = etcd_user()
+    if user is None:
+        return None
+    try:
+        resp = AuthStub(channel).Authenticate(
+            AuthenticateRequest(name=user[0], password=user[1]), timeout=timeout)
+    except grpc.RpcError as exc:
+        raise Unavailable(f"etcd at {endpoint} refused user {user[0]!r} ({exc.details()}); "
+                          "check KVSTORE_ETCD_USER and its password file") from exc
+    return (("token", resp.token),)
+
+
 def _range_sync(endpoint: str, key: bytes, range_end: bytes, timeout: float) -> Any:
     """One etcd Range call without an event loop (the synchronous client and the CLI)."""
     from etcd3aio._protobuf import KVStub, RangeRequest
 
     parse_endpoint(endpoint)
     with _sync_channel(endpoint) as channel:
+        metadata = _sync_metadata(channel, endpoint, timeout)
         try:
             return KVStub(channel).Range(RangeRequest(key=key, range_end=range_end),
-                                         timeout=timeout)
+                                         timeout=timeout, metadata=metadata)
         except grpc.RpcError as exc:
-            raise Unavailable(
-                f"cannot reach etcd at {endpoint} ({exc.code().name}); "
-                "start etcd or pass the right --etcd HOST:PORT"
-            ) from exc
+            raise _refused(endpoint, exc, f"read {key.decode(errors='replace')}") from exc
 
 
 def read_key_sync(endpoint: str, key: bytes, timeout: float = 3.0) -> bytes | None:
@@ -332,11 +447,11 @@ def write_keys_sync(endpoint: str, puts: dict[bytes, bytes], deletes: Sequence[b
     ops = [RequestOp(request_put=PutRequest(key=k, value=v)) for k, v in puts.items()]
     ops += [RequestOp(request_delete_range=DeleteRangeRequest(key=k)) for k in deletes]
     with _sync_channel(endpoint) as channel:
+        metadata = _sync_metadata(channel, endpoint, timeout)
         try:
-            resp = KVStub(channel).Txn(TxnRequest(success=ops), timeout=timeout)
+            resp = KVStub(channel).Txn(TxnRequest(success=ops), timeout=timeout,
+                                       metadata=metadata)
         except grpc.RpcError as exc:
-            raise Unavailable(
-                f"cannot write to etcd at {endpoint} ({exc.code().name}); "
-                "start etcd or pass the right --etcd HOST:PORT"
-            ) from exc
+            names = ", ".join(k.decode(errors="replace") for k in [*puts, *deletes])
+            raise _refused(endpoint, exc, f"write {names}") from exc
     return int(resp.header.revision)
