@@ -288,6 +288,14 @@ class Etcd:
     async def delete(self, key: bytes) -> None:
         await self._kv.delete(key, timeout=self.timeout)
 
+    async def write(self, puts: dict[bytes, bytes], deletes: Sequence[bytes] = ()) -> int:
+        """Put and delete keys in one transaction (all or nothing); its revision."""
+        kv = self._kv
+        ops = [KVService.txn_op_put(k, v) for k, v in puts.items()]
+        ops += [KVService.txn_op_delete(k) for k in deletes]
+        resp = await kv.txn([], ops, [], timeout=self.timeout)
+        return int(resp.header.revision)
+
     async def create_if_absent(self, key: bytes, value: bytes, lease: int) -> int | None:
         """Put `key` only if it does not exist. Returns its create revision, or None."""
         kv = self._kv

@@ -22,6 +22,7 @@ from kvstore.addresses import join_address, split_address
 from kvstore.coord.etcd import ETCD_ERRORS, Etcd
 from kvstore.coord.layout import Layout, MasterRecord, NodeRecord
 from kvstore.errors import Code, InvalidArgument, KVStoreError
+from kvstore.master.coordination import add_coordination
 from kvstore.master.core import CoreConfig, MasterCore, MonotonicClock, TierMove
 from kvstore.master.durability import Recorder, queue_changes
 from kvstore.master.election import RETRY_PAUSE, Election
@@ -102,6 +103,8 @@ class MasterDaemon:
             return 0
         self.server = grpc.aio.server(options=GRPC_OPTIONS)
         add_to_server(self.service, self.server)
+        add_coordination(self.server, self.service, self.election, self.live_config,
+                         lambda: self.core)
         try:
             port = self.security.add_port(self.server, self.opts.listen)
         except RuntimeError as exc:
