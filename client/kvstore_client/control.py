@@ -35,7 +35,6 @@ import grpc
 import grpc.aio
 
 from kvstore.addresses import split_address
-from kvstore.coord.etcd import read_key_sync
 from kvstore.coord.layout import Layout, MasterRecord
 from kvstore.errors import Code, InvalidArgument, Unavailable, error_for
 from kvstore.rpc.aio_client import AsyncFastChannel
@@ -44,6 +43,7 @@ from kvstore.security.credentials import Credentials
 from kvstore.security.tls import speaks_tls, speaks_tls_async
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
+from kvstore_client.discovery import find_leader
 
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -78,17 +78,10 @@ def timed_out(method: str, timeout: float, last: str) -> Unavailable:
                        "master may be failing over or down")
 
 
-def discover_record(etcd: str, layout: Layout, fixed: str | None, timeout: float) -> MasterRecord:
-    """The leader's record (a gRPC-only one for the fixed address the user gave)."""
-    if fixed:
-        return MasterRecord(master_id="", address=fixed, pid=0)
-    raw = read_key_sync(etcd, layout.leader, timeout=min(timeout, 3.0))
-    if raw is None:
-        raise Unavailable(
-            f"no kvstore master is registered in etcd at {etcd}; start one with "
-            f"`kvstore master --etcd {etcd}` (or `kvstore up` for a dev cluster)"
-        )
-    return MasterRecord.decode(raw)
+def discover_record(etcd: str, layout: Layout, fixed: str | None, timeout: float,
+                    creds: Credentials | None = None) -> MasterRecord:
+    """The leader's record (see kvstore_client.discovery)."""
+    return find_leader(etcd, layout, fixed, timeout, creds)
 
 
 def discover(etcd: str, layout: Layout, fixed: str | None, timeout: float) -> str:
