@@ -36,7 +36,7 @@ import grpc.aio
 
 from kvstore.addresses import split_address
 from kvstore.coord.layout import Layout, MasterRecord
-from kvstore.errors import Code, InvalidArgument, Unavailable, error_for
+from kvstore.errors import Code, InvalidArgument, NotLeader, Unavailable, error_for
 from kvstore.rpc.aio_client import AsyncFastChannel
 from kvstore.rpc.client import PROBE_TIMEOUT, FastChannel, WrongLayer
 from kvstore.security.credentials import Credentials
@@ -269,6 +269,8 @@ class FastControl:
         """Send the request and return at once; the value goes to `answer`."""
         try:
             return self.channel.ask(method, request, timeout)
+        except NotLeader as exc:  # the connection's Authenticate met a standby
+            raise Retry(f"{self.address}: {exc.message}") from exc
         except ssl.SSLCertVerificationError as exc:
             raise tls_refused(self.address, exc) from exc
         except WrongLayer as exc:
@@ -280,6 +282,8 @@ class FastControl:
         """The reply; with `spin` False (engine transfers are moving), never polled for."""
         try:
             return self.channel.answer(asked, spin)
+        except NotLeader as exc:  # a resend's new connection met a standby
+            raise Retry(f"{self.address}: {exc.message}") from exc
         except WrongLayer as exc:
             raise self._creds.mismatch(self.address, exc.peer_tls) from exc
         except OSError as exc:
@@ -367,6 +371,8 @@ class AsyncFastControl:
     async def call(self, method: str, request: Any, timeout: float) -> Any:
         try:
             return await self.channel.call(method, request, timeout)
+        except NotLeader as exc:  # the connection's Authenticate met a standby
+            raise Retry(f"{self.address}: {exc.message}") from exc
         except ssl.SSLCertVerificationError as exc:
             raise tls_refused(self.address, exc) from exc
         except WrongLayer as exc:

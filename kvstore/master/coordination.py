@@ -49,7 +49,11 @@ class CoordinationService(pbg.CoordinationServicer):
         if isinstance(caller, KVStoreError):  # any valid token may ask, none else
             return pb.WhoLeadsResponse(error=_error(caller))
         record = self.election.leader_record
-        if record is None or not self.election.leader_address:
+        if record is None or not self.election.leader_address or (
+                record.master_id == self.election.record.master_id and
+                not self.election.is_leader):
+            # None known, or this master holds the seat but does not serve yet (it is
+            # rebuilding its index, or cannot confirm its lease): the caller asks again.
             return pb.WhoLeadsResponse(is_leader=False)
         return pb.WhoLeadsResponse(
             epoch=self.election.epoch, is_leader=self.election.is_leader,

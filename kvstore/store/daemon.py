@@ -356,6 +356,7 @@ class StoreDaemon:
                                       interceptors=self.security.node_interceptors(self.auth))
         service = StoreNodeService(self.node_id, self.inventory, self.segment, self.ssd,
                                    self.counters)
+        service.segment_name = self.transfer.segment_name if self.transfer else ""
         spbg.add_StoreNodeServicer_to_server(service, self.server)
         listen = self.opts.listen or f"{self.opts.host}:0"
         try:
