@@ -4,8 +4,11 @@ Run once per cluster by the operator, against the etcd the cluster will use (see
 kvstore.coord.etcd_auth for the roles and docs/operations.md for why). The passwords
 live in `--secrets DIR`, one file per user (`root.password`, `kvstore-daemon.password`,
 `kvstore-client.password`), mode 0600: a file already there is used as it is, so a second
-run changes nothing, and a missing one gets a new random password. The command prints
-the environment each kind of process needs.
+run changes nothing, and a missing one gets a new random password (root's may come from
+`--root-password-file` instead). The command prints the environment each kind of process
+needs. Where etcd takes client certificates (`--client-cert-auth`), it names the user by
+the certificate's CN, so certificates for CN `kvstore-daemon` and `kvstore-client` need
+no password at all.
 """
 
 from __future__ import annotations
@@ -47,7 +50,17 @@ def etcd_setup(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"cannot make the secrets directory {directory}: "
                               f"{exc.strerror}") from exc
     roles = Roles.of(args.cluster)
-    passwords = {user: _password(directory, user) for user in (ROOT, roles.daemon, roles.reader)}
+    passwords = {user: _password(directory, user) for user in (roles.daemon, roles.reader)}
+    if args.root_password_file:
+        try:
+            passwords[ROOT] = Path(args.root_password_file).read_text().strip()
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read --root-password-file {args.root_password_file}: "
+                                  f"{exc.strerror}") from exc
+        if not passwords[ROOT]:
+            raise InvalidArgument(f"--root-password-file {args.root_password_file} is empty")
+    else:
+        passwords[ROOT] = _password(directory, ROOT)
     result = asyncio.run(set_up(args.etcd, args.cluster, passwords))
 
     def env(user: str) -> dict[str, str]:
@@ -66,7 +79,9 @@ def etcd_setup(args: argparse.Namespace) -> int:
     print("masters and store nodes:  " + " ".join(f"{k}={v}" for k, v in out["daemons"].items()))
     print("clients discovering the leader through etcd (clients given master addresses "
           "need none):  " + " ".join(f"{k}={v}" for k, v in out["clients"].items()))
-    print(f"root's password is in {directory / 'root.password'}: keep it for the operator")
+    if not args.root_password_file:
+        print(f"root's password is in {directory / 'root.password'}: keep it for the "
+              "operator")
     return 0
 
 
@@ -79,5 +94,7 @@ def register(sub: Any) -> None:
     p.add_argument("--secrets", required=True, metavar="DIR",
                    help="directory of the users' password files (made if missing, kept if "
                         "there)")
+    p.add_argument("--root-password-file", default="", metavar="FILE",
+                   help="etcd root's password (a Secret, say) instead of DIR/root.password")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=etcd_setup)
