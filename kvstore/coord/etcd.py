@@ -20,13 +20,19 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from etcd3aio import Etcd3Client
-from etcd3aio.errors import EtcdConnectionError, EtcdError, EtcdPermissionDeniedError, EtcdTransientError
+from etcd3aio.errors import (
+    EtcdConnectionError,
+    EtcdError,
+    EtcdPermissionDeniedError,
+    EtcdTransientError,
+    EtcdUnauthenticatedError,
+)
 from etcd3aio.kv import KVService, prefix_range_end
 
 from kvstore.errors import (
@@ -38,6 +44,8 @@ from kvstore.errors import (
 )
 
 log = logging.getLogger(__name__)
+
+R = TypeVar("R")
 
 # What an unreachable or restarting etcd raises through this facade: the daemons retry
 # each of these (etcd3aio's own errors wrap grpc's once its retries are used up).
@@ -86,9 +94,9 @@ def etcd_tls() -> dict[str, bytes]:
 
 
 # s between re-authentications: etcd's simple tokens lapse after --auth-token-ttl (300 s
-# by default) and all of them at once when etcd restarts, so a daemon renews well inside
-# both.
-TOKEN_REFRESH = 20.0
+# by default), so a daemon renews well inside it; a token etcd forgot (it restarted) is
+# renewed by the first call it fails (Etcd._authed).
+TOKEN_REFRESH = 60.0
 
 
 def etcd_user() -> tuple[str, str] | None:
@@ -226,6 +234,9 @@ class Etcd:
 
     async def _authenticate(self) -> None:
         assert self._user is not None and self._client.auth is not None
+        # Log in without the old token: etcd refuses a call (Authenticate too) that
+        # carries one it does not know.
+        self._client.auth.set_token(None)
         try:
             resp = await self._client.auth.authenticate(*self._user, timeout=self.timeout)
         except (EtcdConnectionError, EtcdTransientError, TimeoutError):
@@ -235,6 +246,17 @@ class Etcd:
                               f"({exc}); check KVSTORE_ETCD_USER and its password "
                               "file") from exc
         self._client.set_token(resp.token)
+
+    async def _authed(self, call: Callable[[], Awaitable[R]]) -> R:
+        """`call()`; where etcd says our token is not valid (it restarted and forgot every
+        token, or the token lapsed), log in again and make it once more."""
+        try:
+            return await call()
+        except EtcdUnauthenticatedError:
+            if self._user is None:
+                raise
+            await self._authenticate()
+            return await call()
 
     async def _refresh_token(self) -> None:
         """Renew the token every TOKEN_REFRESH s; a failed try is retried each second
@@ -266,45 +288,47 @@ class Etcd:
         return kv
 
     async def put(self, key: bytes, value: bytes, lease: int = 0) -> int:
-        resp = await self._kv.put(key, value, lease=lease, timeout=self.timeout)
+        resp = await self._authed(lambda: self._kv.put(key, value, lease=lease,
+                                                      timeout=self.timeout))
         return int(resp.header.revision)
 
     async def get(self, key: bytes) -> bytes | None:
-        resp = await self._kv.get(key, timeout=self.timeout)
+        resp = await self._authed(lambda: self._kv.get(key, timeout=self.timeout))
         return bytes(resp.kvs[0].value) if resp.kvs else None
 
     async def get_with_revision(self, key: bytes) -> tuple[bytes, int] | None:
         """Value and create_revision of `key` (the election uses the latter as epoch)."""
-        resp = await self._kv.get(key, timeout=self.timeout)
+        resp = await self._authed(lambda: self._kv.get(key, timeout=self.timeout))
         if not resp.kvs:
             return None
         return bytes(resp.kvs[0].value), int(resp.kvs[0].create_revision)
 
     async def get_prefix(self, prefix: bytes) -> tuple[list[tuple[bytes, bytes]], int]:
         """All (key, value) under `prefix`, and the store revision they were read at."""
-        resp = await self._kv.get(prefix, prefix_range_end(prefix), timeout=self.timeout)
+        resp = await self._authed(lambda: self._kv.get(prefix, prefix_range_end(prefix),
+                                                      timeout=self.timeout))
         return [(bytes(kv.key), bytes(kv.value)) for kv in resp.kvs], int(resp.header.revision)
 
     async def delete(self, key: bytes) -> None:
-        await self._kv.delete(key, timeout=self.timeout)
+        await self._authed(lambda: self._kv.delete(key, timeout=self.timeout))
 
     async def write(self, puts: dict[bytes, bytes], deletes: Sequence[bytes] = ()) -> int:
         """Put and delete keys in one transaction (all or nothing); its revision."""
         kv = self._kv
         ops = [KVService.txn_op_put(k, v) for k, v in puts.items()]
         ops += [KVService.txn_op_delete(k) for k in deletes]
-        resp = await kv.txn([], ops, [], timeout=self.timeout)
+        resp = await self._authed(lambda: kv.txn([], ops, [], timeout=self.timeout))
         return int(resp.header.revision)
 
     async def create_if_absent(self, key: bytes, value: bytes, lease: int) -> int | None:
         """Put `key` only if it does not exist. Returns its create revision, or None."""
         kv = self._kv
-        resp = await kv.txn(
+        resp = await self._authed(lambda: kv.txn(
             [KVService.txn_compare_create_revision(key, 0)],
             [KVService.txn_op_put(key, value, lease=lease)],
             [],
             timeout=self.timeout,
-        )
+        ))
         if not resp.succeeded:
             return None
         return int(resp.header.revision)
@@ -313,7 +337,7 @@ class Etcd:
         lease = self._client.lease
         if lease is None:
             raise Unavailable("etcd client is closed")
-        resp = await lease.grant(ttl, timeout=self.timeout)
+        resp = await self._authed(lambda: lease.grant(ttl, timeout=self.timeout))
         return int(resp.ID)
 
     async def revoke(self, lease_id: int) -> None:

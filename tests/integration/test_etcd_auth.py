@@ -23,6 +23,7 @@ import pytest
 from kvstore.coord.etcd import read_key_sync, read_prefix_sync, write_keys_sync
 from kvstore.coord.etcd_auth import Roles
 from kvstore.coord.layout import Layout, MasterRecord
+from kvstore.devcluster import wait_for_port
 from kvstore.errors import PermissionDenied, Unauthenticated
 from kvstore.security.access import new_token, token_hash
 from kvstore_client import KVStoreClient
@@ -87,11 +88,13 @@ class Authed:
         return MasterRecord.decode(raw).address if raw else ""
 
     def kvstore(self, *words: str, token: str, user: str | None = ROLES.reader,
-                expect: int = 0) -> subprocess.CompletedProcess[str]:
+                expect: int | None = 0) -> subprocess.CompletedProcess[str]:
+        """`kvstore WORDS`; `expect` None: any exit code."""
         run = subprocess.run([sys.executable, "-m", "kvstore", *words, "--etcd", self.c.etcd,
                               "--token", token], capture_output=True, text=True,
                              env=self.env(user), timeout=60)
-        assert run.returncode == expect, (run.stdout, run.stderr, self.c.logs())
+        if expect is not None:
+            assert run.returncode == expect, (run.stdout, run.stderr, self.c.logs())
         return run
 
 
@@ -196,3 +199,20 @@ def test_a_client_given_master_addresses_follows_a_failover_without_etcd(
         assert c.put_many([b"k2"], [b"w" * 4096]) == [None]
         assert c.get_many([b"k2"]) == [b"w" * 4096]
         assert c.master_address != before
+
+
+def test_the_daemons_log_in_again_after_etcd_restarts(authed: Authed) -> None:
+    """etcd forgets every auth token when it restarts: the daemons must log in again
+    rather than fail every etcd call until a periodic renewal."""
+    etcd = next(p for p in authed.c.procs if p.name == "etcd")
+    etcd.kill(signal.SIGKILL)
+    again = authed.c.spawn("etcd-again", etcd.cmd)
+    wait_for_port(authed.c.etcd_port, again.popen, "etcd")
+    # The leader writes etcd for this (with a token etcd no longer knows at first).
+    wait_until(lambda: authed.kvstore("config", "set", "put_timeout", "12", "--json",
+                                      token=authed.tokens["admin"], expect=None).returncode == 0,
+               what=lambda: "a setting stored after etcd's restart; logs:\n" + authed.c.logs())
+    with authed.as_user(ROLES.daemon):
+        assert read_prefix_sync(authed.c.etcd, LAYOUT.config) == [b"12.0"]
+    assert _nodes(authed) == 1
+
