@@ -128,6 +128,12 @@ def denied(endpoint: str, what: str) -> PermissionDenied:
         "(`kvstore config set` with an admin token), records only by the daemons")
 
 
+def _auth_off(exc: BaseException) -> bool:
+    """Whether etcd refused a login because its auth is off (a user named anyway)."""
+    details = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
+    return "authentication is not enabled" in (details or "")
+
+
 def auth_required(exc: grpc.RpcError) -> bool:
     """Whether etcd refused a call for want of a user (its auth is on, none was given)."""
     return exc.code() == grpc.StatusCode.INVALID_ARGUMENT and \
@@ -181,6 +187,7 @@ class Etcd:
         self._connected = False
         self._user = etcd_user()
         self._refresher: asyncio.Task[None] | None = None
+        self._warned_auth_off = False
 
     async def __aenter__(self) -> Etcd:
         await self.connect()
@@ -241,7 +248,14 @@ class Etcd:
             resp = await self._client.auth.authenticate(*self._user, timeout=self.timeout)
         except (EtcdConnectionError, EtcdTransientError, TimeoutError):
             raise
-        except EtcdError as exc:
+        except (EtcdError, grpc.aio.AioRpcError) as exc:
+            if _auth_off(exc):
+                if not self._warned_auth_off:
+                    self._warned_auth_off = True
+                    log.warning("etcd at %s has its auth off: not logging in as %s (run "
+                                "`kvstore etcd-setup` to turn it on)", self.endpoint,
+                                self._user[0])
+                return
             raise Unavailable(f"etcd at {self.endpoint} refused user {self._user[0]!r} "
                               f"({exc}); check KVSTORE_ETCD_USER and its password "
                               "file") from exc
@@ -433,6 +447,8 @@ def _sync_metadata(channel: grpc.Channel, endpoint: str,
         resp = AuthStub(channel).Authenticate(
             AuthenticateRequest(name=user[0], password=user[1]), timeout=timeout)
     except grpc.RpcError as exc:
+        if _auth_off(exc):
+            return None  # a user named for an etcd whose auth is off: nothing to present
         raise Unavailable(f"etcd at {endpoint} refused user {user[0]!r} ({exc.details()}); "
                           "check KVSTORE_ETCD_USER and its password file") from exc
     return (("token", resp.token),)
