@@ -18,6 +18,7 @@ setup: system-deps $(STAMP)
 system-deps:
 	@missing=""; \
 	command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || missing="$$missing etcd-server"; \
+	command -v etcdctl >/dev/null 2>&1 || missing="$$missing etcd-client"; \
 	ldconfig -p | grep -q 'libibverbs.so.1 ' || missing="$$missing libibverbs1"; \
 	ldconfig -p | grep -q 'libnuma.so.1 ' || missing="$$missing libnuma1"; \
 	ldconfig -p | grep -q 'libcurl.so.4 ' || missing="$$missing libcurl4"; \

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from kvstore import admin
+from kvstore.admin import etcd_setup
 from kvstore.errors import InvalidArgument, KVStoreError
 from kvstore.logs import ENV_FORMAT, FORMATS, default_format, setup_logging
 from kvstore.units import parse_size
@@ -253,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # status, nodes, capacity, evictions, keys, inspect, evict, drain, config
     admin.register(sub, make_mover=_drain_mover)
+    etcd_setup.register(sub)  # etcd's users and roles, auth on (docs/operations.md)
 
     t = sub.add_parser("token", help="make tokens for the access file (--auth-file)")
     tsub = t.add_subparsers(dest="token_command", required=True)

@@ -219,7 +219,8 @@ def run_up(opts: UpOptions) -> int:
         cluster.start()
         etcd = f"127.0.0.1:{opts.etcd_port}"
         print(f"kvstore dev cluster is up (data in {opts.data_dir}, logs in {opts.data_dir / 'logs'})")
-        print(f"  etcd        {etcd}")
+        print(f"  etcd        {etcd} (loopback only, etcd's auth off: a dev cluster; "
+              "production runs `kvstore etcd-setup`)")
         print(f"  master      127.0.0.1:{opts.master_port}")
         print(f"  store nodes {opts.nodes} x {opts.dram} DRAM")
         if opts.metrics_port:

@@ -85,7 +85,7 @@ class AsyncKVStoreClient:
 
     async def connect(self) -> None:
         record = await asyncio.to_thread(discover_record, self.etcd, self._layout,
-                                         self._fixed_master, self.timeout)
+                                         self._fixed_master, self.timeout, self._creds)
         control = self._control
         self._fast_given_up = unreachable_fast(control, self._fast_given_up)
         want = target(record, self.transport, self._fast_given_up)

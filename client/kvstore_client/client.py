@@ -130,7 +130,8 @@ class KVStoreClient:
             self._state.close()
 
     def _connect(self) -> None:
-        record = discover_record(self.etcd, self._layout, self._fixed_master, self.timeout)
+        record = discover_record(self.etcd, self._layout, self._fixed_master, self.timeout,
+                                 self._creds)
         control = self._control
         self._fast_given_up = unreachable_fast(control, self._fast_given_up)
         want = target(record, self.transport, self._fast_given_up)

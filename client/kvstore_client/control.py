@@ -35,15 +35,15 @@ import grpc
 import grpc.aio
 
 from kvstore.addresses import split_address
-from kvstore.coord.etcd import read_key_sync
 from kvstore.coord.layout import Layout, MasterRecord
-from kvstore.errors import Code, InvalidArgument, Unavailable, error_for
+from kvstore.errors import Code, InvalidArgument, NotLeader, Unavailable, error_for
 from kvstore.rpc.aio_client import AsyncFastChannel
 from kvstore.rpc.client import PROBE_TIMEOUT, FastChannel, WrongLayer
 from kvstore.security.credentials import Credentials
 from kvstore.security.tls import speaks_tls, speaks_tls_async
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
+from kvstore_client.discovery import find_leader
 
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -78,17 +78,10 @@ def timed_out(method: str, timeout: float, last: str) -> Unavailable:
                        "master may be failing over or down")
 
 
-def discover_record(etcd: str, layout: Layout, fixed: str | None, timeout: float) -> MasterRecord:
-    """The leader's record (a gRPC-only one for the fixed address the user gave)."""
-    if fixed:
-        return MasterRecord(master_id="", address=fixed, pid=0)
-    raw = read_key_sync(etcd, layout.leader, timeout=min(timeout, 3.0))
-    if raw is None:
-        raise Unavailable(
-            f"no kvstore master is registered in etcd at {etcd}; start one with "
-            f"`kvstore master --etcd {etcd}` (or `kvstore up` for a dev cluster)"
-        )
-    return MasterRecord.decode(raw)
+def discover_record(etcd: str, layout: Layout, fixed: str | None, timeout: float,
+                    creds: Credentials | None = None) -> MasterRecord:
+    """The leader's record (see kvstore_client.discovery)."""
+    return find_leader(etcd, layout, fixed, timeout, creds)
 
 
 def discover(etcd: str, layout: Layout, fixed: str | None, timeout: float) -> str:
@@ -278,6 +271,8 @@ class FastControl:
         """Send the request and return at once; the value goes to `answer`."""
         try:
             return self.channel.ask(method, request, timeout)
+        except NotLeader as exc:  # the connection's Authenticate met a standby
+            raise Retry(f"{self.address}: {exc.message}") from exc
         except ssl.SSLCertVerificationError as exc:
             raise tls_refused(self.address, exc) from exc
         except WrongLayer as exc:
@@ -289,6 +284,8 @@ class FastControl:
         """The reply; with `spin` False (engine transfers are moving), never polled for."""
         try:
             return self.channel.answer(asked, spin)
+        except NotLeader as exc:  # a resend's new connection met a standby
+            raise Retry(f"{self.address}: {exc.message}") from exc
         except WrongLayer as exc:
             raise self._creds.mismatch(self.address, exc.peer_tls) from exc
         except OSError as exc:
@@ -376,6 +373,8 @@ class AsyncFastControl:
     async def call(self, method: str, request: Any, timeout: float) -> Any:
         try:
             return await self.channel.call(method, request, timeout)
+        except NotLeader as exc:  # the connection's Authenticate met a standby
+            raise Retry(f"{self.address}: {exc.message}") from exc
         except ssl.SSLCertVerificationError as exc:
             raise tls_refused(self.address, exc) from exc
         except WrongLayer as exc:

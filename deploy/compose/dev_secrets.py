@@ -122,7 +122,9 @@ def make_certificates(d: Path, names: list[str]) -> None:
 
     d.mkdir(parents=True, exist_ok=True)
     server = leaf(names[0], names, [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH])
-    client = leaf("kvstore-etcd-client", [], [ExtendedKeyUsageOID.CLIENT_AUTH])
+    # CN kvstore-client: with etcd's auth on (`kvstore etcd-setup`) etcd takes the CN as
+    # the user, whose role reads the leader's record and nothing else.
+    client = leaf("kvstore-client", [], [ExtendedKeyUsageOID.CLIENT_AUTH])
     _write(d / "server.key", server[1])
     _write(d / "server.pem", server[0])
     _write(d / "etcd-client.key", client[1])

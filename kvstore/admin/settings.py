@@ -1,11 +1,13 @@
 """`kvstore config get|set|unset`: live settings, kept in etcd, applied by the leader.
 
-`set` checks the values before writing anything: each on its own (a number, in range)
-and all together with the settings in force (evict_low < evict_high, default_lease_ttl
-<= max_lease_ttl). A bad value is an InvalidArgument: one sentence, exit code 2. The
-values are written in one etcd transaction; the leader follows the prefix and applies
-them without a restart. `set` waits (up to --wait seconds) until the leader reports
-them, so a script can rely on them once it returns.
+`set` and `unset` go through the leader (Coordination.SetConfig, an admin token's call):
+this command checks each value on its own (a number, in range), the leader checks them
+all together with the settings in force (evict_low < evict_high, default_lease_ttl <=
+max_lease_ttl), writes them to etcd in one transaction and applies them without a
+restart. A bad value is an InvalidArgument: one sentence, exit code 2. Nothing here
+writes etcd, so where etcd's auth is on only the daemons may (docs/operations.md).
+`set` then waits (up to --wait seconds) until the leader reports them, so a script can
+rely on them once it returns. `get` reads etcd's values where its etcd user may.
 """
 
 from __future__ import annotations
@@ -14,18 +16,18 @@ import argparse
 import time
 from typing import Any
 
+import grpc
+
 from kvstore.admin.connect import Admin
 from kvstore.admin.output import emit_json, table
-from kvstore.coord.etcd import read_items_sync, write_keys_sync
-from kvstore.errors import InvalidArgument, KVStoreError
+from kvstore.coord.etcd import read_items_sync
+from kvstore.errors import Code, InvalidArgument, KVStoreError, Unavailable, error_for
 from kvstore.master.core.config import (
     LIVE_SETTINGS,
-    CoreConfig,
-    live_settings,
     parse_setting,
-    with_settings,
 )
 from kvstore.v1 import master_pb2 as pb
+from kvstore.v1 import master_pb2_grpc as pbg
 
 
 def _stored(admin: Admin) -> dict[str, str]:
@@ -52,10 +54,39 @@ def _names(given: list[str]) -> list[str]:
     return given or list(LIVE_SETTINGS)
 
 
+def _set_at_leader(admin: Admin, request: pb.SetConfigRequest) -> pb.SetConfigResponse:
+    """SetConfig at the leader; a standby's NOT_LEADER sends it to etcd's leader once."""
+    for attempt in range(2):
+        admin._connect()  # finds the leader (etcd, or --master) and opens the channel
+        stub = pbg.CoordinationStub(admin._channel)
+        try:
+            reply = stub.SetConfig(request, timeout=admin.timeout, metadata=admin.creds.metadata())
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise Unavailable(f"the master at {admin.address} cannot change settings "
+                                  "(it predates SetConfig); upgrade it to this kvstore "
+                                  "version") from exc
+            raise Unavailable(f"the master at {admin.address} did not answer SetConfig "
+                              f"({exc.code().name}); is it running?") from exc
+        if reply.error.code == Code.NOT_LEADER and not admin.fixed and attempt == 0:
+            admin.close()
+            continue
+        if reply.error.code:
+            raise error_for(reply.error.code, reply.error.message)
+        return reply
+    raise AssertionError("unreachable")
+
+
 def config_get(args: argparse.Namespace) -> int:
     names = _names(args.names)
     with Admin(args) as admin:
-        stored = _stored(admin)
+        unreadable = ""
+        try:
+            stored = _stored(admin)
+        except (InvalidArgument, Unavailable):
+            raise
+        except KVStoreError as exc:  # etcd's auth: this user may not read config/
+            stored, unreadable = {}, exc.message
         leader = _in_force(admin)
     out: dict[str, Any] = {
         name: {"value": leader.get(name) if leader else None, "etcd": stored.get(name),
@@ -70,6 +101,8 @@ def config_get(args: argparse.Namespace) -> int:
         rows.append([name, "?" if s["value"] is None else f"{s['value']:g}",
                      s["etcd"] if s["etcd"] is not None else "-", s["help"]])
     print(table(rows))
+    if unreadable:
+        print(f"(ETCD is unknown: {unreadable})")
     if leader is None:
         print("(no leader answered: IN FORCE is unknown)")
     return 0
@@ -87,32 +120,16 @@ def _pairs(items: list[str]) -> dict[str, float]:
 def config_set(args: argparse.Namespace) -> int:
     new = _pairs(args.pairs)
     with Admin(args) as admin:
-        current = _in_force(admin)
-        if current is None:
-            # No leader: check against what etcd holds over the defaults.
-            current = live_settings(CoreConfig())
-            for name, text in _stored(admin).items():
-                try:
-                    current[name] = parse_setting(name, text)
-                except InvalidArgument:
-                    continue
-        try:
-            with_settings(CoreConfig(), {**current, **new})
-        except InvalidArgument as exc:
-            raise InvalidArgument(
-                f"{exc.message} (with the settings in force: "
-                f"{', '.join(f'{k}={v:g}' for k, v in current.items() if k not in new)}); "
-                "set the related values together, e.g. `kvstore config set evict_low 0.5 "
-                "evict_high 0.6`") from exc
-        write_keys_sync(admin.etcd, {admin.layout.setting(k): repr(v).encode() for k, v in new.items()})
+        _set_at_leader(admin, pb.SetConfigRequest(
+            settings=[pb.ConfigSetting(name=k, value=v) for k, v in new.items()]))
         applied = _wait_applied(admin, new, args.wait)
     result = {"set": new, "applied": applied}
     if args.json:
         emit_json(result)
     else:
         what = ", ".join(f"{k}={v:g}" for k, v in new.items())
-        print(f"{what}: stored in etcd, " + ("applied by the leader" if applied else
-              "not yet applied by a leader (it will be when one leads)"))
+        print(f"{what}: stored in etcd by the leader, " + (
+            "applied by the leader" if applied else "not yet reported in force"))
     return 0
 
 
@@ -121,7 +138,7 @@ def config_unset(args: argparse.Namespace) -> int:
     if not args.names:
         raise InvalidArgument("name the settings to unset, e.g. `kvstore config unset evict_high`")
     with Admin(args) as admin:
-        write_keys_sync(admin.etcd, {}, [admin.layout.setting(n) for n in names])
+        _set_at_leader(admin, pb.SetConfigRequest(unset=names))
     if args.json:
         emit_json({"unset": names})
     else:

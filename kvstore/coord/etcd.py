@@ -8,7 +8,10 @@ transaction (the basis of leader election) and a prefix watch.
 TLS to etcd is set per process by the environment, so that every daemon, client and
 admin command of a deployment picks it up the same way: KVSTORE_ETCD_CA (the CA of etcd's
 certificate; setting it turns TLS on), and for etcd's --client-cert-auth also
-KVSTORE_ETCD_CERT and KVSTORE_ETCD_KEY.
+KVSTORE_ETCD_CERT and KVSTORE_ETCD_KEY. Where etcd's auth is on (`kvstore etcd-setup`),
+KVSTORE_ETCD_USER names the etcd user and KVSTORE_ETCD_PASSWORD_FILE a file holding its
+password (or KVSTORE_ETCD_PASSWORD the password itself); with client certificates etcd
+takes the user from the certificate's CN and neither is needed.
 """
 
 from __future__ import annotations
@@ -17,18 +20,32 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from etcd3aio import Etcd3Client
-from etcd3aio.errors import EtcdError
+from etcd3aio.errors import (
+    EtcdConnectionError,
+    EtcdError,
+    EtcdPermissionDeniedError,
+    EtcdTransientError,
+    EtcdUnauthenticatedError,
+)
 from etcd3aio.kv import KVService, prefix_range_end
 
-from kvstore.errors import InvalidArgument, KVStoreError, Unavailable
+from kvstore.errors import (
+    InvalidArgument,
+    KVStoreError,
+    PermissionDenied,
+    Unauthenticated,
+    Unavailable,
+)
 
 log = logging.getLogger(__name__)
+
+R = TypeVar("R")
 
 # What an unreachable or restarting etcd raises through this facade: the daemons retry
 # each of these (etcd3aio's own errors wrap grpc's once its retries are used up).
@@ -76,6 +93,66 @@ def etcd_tls() -> dict[str, bytes]:
     return out
 
 
+# s between re-authentications: etcd's simple tokens lapse after --auth-token-ttl (300 s
+# by default), so a daemon renews well inside it; a token etcd forgot (it restarted) is
+# renewed by the first call it fails (Etcd._authed).
+TOKEN_REFRESH = 60.0
+
+
+def etcd_user() -> tuple[str, str] | None:
+    """(user, password) for etcd's auth from the environment (see the module doc); None
+    when no user is named."""
+    user = os.environ.get("KVSTORE_ETCD_USER", "")
+    if not user:
+        return None
+    path = os.environ.get("KVSTORE_ETCD_PASSWORD_FILE", "")
+    if path:
+        try:
+            with open(path) as f:
+                return user, f.read().strip()
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read KVSTORE_ETCD_PASSWORD_FILE {path}: "
+                                  f"{exc.strerror}") from exc
+    password = os.environ.get("KVSTORE_ETCD_PASSWORD", "")
+    if not password:
+        raise InvalidArgument(f"KVSTORE_ETCD_USER={user} needs KVSTORE_ETCD_PASSWORD_FILE (a "
+                              "file with its password; `kvstore etcd-setup` writes them)")
+    return user, password
+
+
+def denied(endpoint: str, what: str) -> PermissionDenied:
+    who = os.environ.get("KVSTORE_ETCD_USER", "") or "this process's etcd user"
+    return PermissionDenied(
+        f"etcd at {endpoint} refused to let {who} {what} (etcd auth is on and its role "
+        "does not allow it); live settings change through the leader "
+        "(`kvstore config set` with an admin token), records only by the daemons")
+
+
+def _auth_off(exc: BaseException) -> bool:
+    """Whether etcd refused a login because its auth is off (a user named anyway)."""
+    details = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
+    return "authentication is not enabled" in (details or "")
+
+
+def auth_required(exc: grpc.RpcError) -> bool:
+    """Whether etcd refused a call for want of a user (its auth is on, none was given)."""
+    return exc.code() == grpc.StatusCode.INVALID_ARGUMENT and \
+        "user name is empty" in (exc.details() or "")
+
+
+def _refused(endpoint: str, exc: grpc.RpcError, what: str) -> KVStoreError:
+    if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+        return denied(endpoint, what)
+    if auth_required(exc):
+        return Unauthenticated(
+            f"etcd at {endpoint} has its auth on and this process names no etcd user; set "
+            "KVSTORE_ETCD_USER and KVSTORE_ETCD_PASSWORD_FILE (`kvstore etcd-setup` prints "
+            "them), or give a client master addresses instead of etcd")
+    verb = "write to" if what.startswith("write") else "reach"
+    return Unavailable(f"cannot {verb} etcd at {endpoint} ({exc.code().name}); "
+                       "start etcd or pass the right --etcd HOST:PORT")
+
+
 def _sync_channel(endpoint: str) -> grpc.Channel:
     tls = etcd_tls()
     if not tls:
@@ -108,6 +185,9 @@ class Etcd:
         if manager is not None and isinstance(getattr(manager, "grpc_options", None), list):
             manager.grpc_options.extend(RECONNECT_OPTIONS)
         self._connected = False
+        self._user = etcd_user()
+        self._refresher: asyncio.Task[None] | None = None
+        self._warned_auth_off = False
 
     async def __aenter__(self) -> Etcd:
         await self.connect()
@@ -120,13 +200,23 @@ class Etcd:
         await self._client.connect()
         self._connected = True
         try:
+            if self._user is not None:
+                await self._authenticate()
             await self._kv.get(b"/kvstore/", timeout=self.timeout, max_attempts=1)
-        except Exception as exc:  # grpc errors, timeouts, DNS failures
+        except EtcdPermissionDeniedError:
+            pass  # etcd answered: this user's role just may not read that key
+        except KVStoreError:
             await self.close()
-            raise Unavailable(
-                f"cannot reach etcd at {self.endpoint} ({_reason(exc)}); "
-                "start etcd or pass the right --etcd HOST:PORT"
-            ) from exc
+            raise
+        except Exception as exc:  # timeouts, DNS failures
+            await self.close()
+            raise self._unreachable(exc) from exc
+        if self._user is not None:
+            self._refresher = asyncio.create_task(self._refresh_token(), name="etcd-token")
+
+    def _unreachable(self, exc: BaseException) -> Unavailable:
+        return Unavailable(f"cannot reach etcd at {self.endpoint} ({_reason(exc)}); "
+                           "start etcd or pass the right --etcd HOST:PORT")
 
     async def connect_until(self, stop: asyncio.Event, who: str) -> bool:
         """Connect, however long etcd is away (a daemon never exits for that); False if
@@ -149,7 +239,56 @@ class Etcd:
                 await asyncio.wait_for(stop.wait(), 1.0)
         return False
 
+    async def _authenticate(self) -> None:
+        assert self._user is not None and self._client.auth is not None
+        # Log in without the old token: etcd refuses a call (Authenticate too) that
+        # carries one it does not know.
+        self._client.auth.set_token(None)
+        try:
+            resp = await self._client.auth.authenticate(*self._user, timeout=self.timeout)
+        except (EtcdConnectionError, EtcdTransientError, TimeoutError):
+            raise
+        except (EtcdError, grpc.aio.AioRpcError) as exc:
+            if _auth_off(exc):
+                if not self._warned_auth_off:
+                    self._warned_auth_off = True
+                    log.warning("etcd at %s has its auth off: not logging in as %s (run "
+                                "`kvstore etcd-setup` to turn it on)", self.endpoint,
+                                self._user[0])
+                return
+            raise Unavailable(f"etcd at {self.endpoint} refused user {self._user[0]!r} "
+                              f"({exc}); check KVSTORE_ETCD_USER and its password "
+                              "file") from exc
+        self._client.set_token(resp.token)
+
+    async def _authed(self, call: Callable[[], Awaitable[R]]) -> R:
+        """`call()`; where etcd says our token is not valid (it restarted and forgot every
+        token, or the token lapsed), log in again and make it once more."""
+        try:
+            return await call()
+        except EtcdUnauthenticatedError:
+            if self._user is None:
+                raise
+            await self._authenticate()
+            return await call()
+
+    async def _refresh_token(self) -> None:
+        """Renew the token every TOKEN_REFRESH s; a failed try is retried each second
+        (etcd restarted and forgot every token: the daemon must not wait long)."""
+        pause = TOKEN_REFRESH
+        while True:
+            await asyncio.sleep(pause)
+            try:
+                await self._authenticate()
+                pause = TOKEN_REFRESH
+            except ETCD_ERRORS as exc:
+                log.warning("etcd: cannot renew the auth token (%s); retrying", _reason(exc))
+                pause = 1.0
+
     async def close(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            self._refresher = None
         if self._connected:
             self._connected = False
             with contextlib.suppress(Exception):
@@ -163,40 +302,47 @@ class Etcd:
         return kv
 
     async def put(self, key: bytes, value: bytes, lease: int = 0) -> int:
-        resp = await self._kv.put(key, value, lease=lease, timeout=self.timeout)
+        resp = await self._authed(lambda: self._kv.put(key, value, lease=lease,
+                                                      timeout=self.timeout))
         return int(resp.header.revision)
 
     async def get(self, key: bytes) -> bytes | None:
-        resp = await self._kv.get(key, timeout=self.timeout)
+        resp = await self._authed(lambda: self._kv.get(key, timeout=self.timeout))
         return bytes(resp.kvs[0].value) if resp.kvs else None
 
     async def get_with_revision(self, key: bytes) -> tuple[bytes, int] | None:
         """Value and create_revision of `key` (the election uses the latter as epoch)."""
-        resp = await self._kv.get(key, timeout=self.timeout)
+        resp = await self._authed(lambda: self._kv.get(key, timeout=self.timeout))
         if not resp.kvs:
             return None
         return bytes(resp.kvs[0].value), int(resp.kvs[0].create_revision)
 
     async def get_prefix(self, prefix: bytes) -> tuple[list[tuple[bytes, bytes]], int]:
         """All (key, value) under `prefix`, and the store revision they were read at."""
-        resp = await self._kv.get(prefix, prefix_range_end(prefix), timeout=self.timeout)
+        resp = await self._authed(lambda: self._kv.get(prefix, prefix_range_end(prefix),
+                                                      timeout=self.timeout))
         return [(bytes(kv.key), bytes(kv.value)) for kv in resp.kvs], int(resp.header.revision)
 
     async def delete(self, key: bytes) -> None:
-        await self._kv.delete(key, timeout=self.timeout)
+        await self._authed(lambda: self._kv.delete(key, timeout=self.timeout))
 
-    async def delete_prefix(self, prefix: bytes) -> None:
-        await self._kv.delete(prefix, prefix_range_end(prefix), timeout=self.timeout)
+    async def write(self, puts: dict[bytes, bytes], deletes: Sequence[bytes] = ()) -> int:
+        """Put and delete keys in one transaction (all or nothing); its revision."""
+        kv = self._kv
+        ops = [KVService.txn_op_put(k, v) for k, v in puts.items()]
+        ops += [KVService.txn_op_delete(k) for k in deletes]
+        resp = await self._authed(lambda: kv.txn([], ops, [], timeout=self.timeout))
+        return int(resp.header.revision)
 
     async def create_if_absent(self, key: bytes, value: bytes, lease: int) -> int | None:
         """Put `key` only if it does not exist. Returns its create revision, or None."""
         kv = self._kv
-        resp = await kv.txn(
+        resp = await self._authed(lambda: kv.txn(
             [KVService.txn_compare_create_revision(key, 0)],
             [KVService.txn_op_put(key, value, lease=lease)],
             [],
             timeout=self.timeout,
-        )
+        ))
         if not resp.succeeded:
             return None
         return int(resp.header.revision)
@@ -205,7 +351,7 @@ class Etcd:
         lease = self._client.lease
         if lease is None:
             raise Unavailable("etcd client is closed")
-        resp = await lease.grant(ttl, timeout=self.timeout)
+        resp = await self._authed(lambda: lease.grant(ttl, timeout=self.timeout))
         return int(resp.ID)
 
     async def revoke(self, lease_id: int) -> None:
@@ -289,20 +435,37 @@ def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def _sync_metadata(channel: grpc.Channel, endpoint: str,
+                   timeout: float) -> tuple[tuple[str, str], ...] | None:
+    """The token metadata for one synchronous call (an Authenticate first), or None."""
+    from etcd3aio._protobuf import AuthenticateRequest, AuthStub
+
+    user = etcd_user()
+    if user is None:
+        return None
+    try:
+        resp = AuthStub(channel).Authenticate(
+            AuthenticateRequest(name=user[0], password=user[1]), timeout=timeout)
+    except grpc.RpcError as exc:
+        if _auth_off(exc):
+            return None  # a user named for an etcd whose auth is off: nothing to present
+        raise Unavailable(f"etcd at {endpoint} refused user {user[0]!r} ({exc.details()}); "
+                          "check KVSTORE_ETCD_USER and its password file") from exc
+    return (("token", resp.token),)
+
+
 def _range_sync(endpoint: str, key: bytes, range_end: bytes, timeout: float) -> Any:
     """One etcd Range call without an event loop (the synchronous client and the CLI)."""
     from etcd3aio._protobuf import KVStub, RangeRequest
 
     parse_endpoint(endpoint)
     with _sync_channel(endpoint) as channel:
+        metadata = _sync_metadata(channel, endpoint, timeout)
         try:
             return KVStub(channel).Range(RangeRequest(key=key, range_end=range_end),
-                                         timeout=timeout)
+                                         timeout=timeout, metadata=metadata)
         except grpc.RpcError as exc:
-            raise Unavailable(
-                f"cannot reach etcd at {endpoint} ({exc.code().name}); "
-                "start etcd or pass the right --etcd HOST:PORT"
-            ) from exc
+            raise _refused(endpoint, exc, f"read {key.decode(errors='replace')}") from exc
 
 
 def read_key_sync(endpoint: str, key: bytes, timeout: float = 3.0) -> bytes | None:
@@ -332,11 +495,11 @@ def write_keys_sync(endpoint: str, puts: dict[bytes, bytes], deletes: Sequence[b
     ops = [RequestOp(request_put=PutRequest(key=k, value=v)) for k, v in puts.items()]
     ops += [RequestOp(request_delete_range=DeleteRangeRequest(key=k)) for k in deletes]
     with _sync_channel(endpoint) as channel:
+        metadata = _sync_metadata(channel, endpoint, timeout)
         try:
-            resp = KVStub(channel).Txn(TxnRequest(success=ops), timeout=timeout)
+            resp = KVStub(channel).Txn(TxnRequest(success=ops), timeout=timeout,
+                                       metadata=metadata)
         except grpc.RpcError as exc:
-            raise Unavailable(
-                f"cannot write to etcd at {endpoint} ({exc.code().name}); "
-                "start etcd or pass the right --etcd HOST:PORT"
-            ) from exc
+            names = ", ".join(k.decode(errors="replace") for k in [*puts, *deletes])
+            raise _refused(endpoint, exc, f"write {names}") from exc
     return int(resp.header.revision)

@@ -22,11 +22,13 @@ from kvstore.addresses import join_address, split_address
 from kvstore.coord.etcd import ETCD_ERRORS, Etcd
 from kvstore.coord.layout import Layout, MasterRecord, NodeRecord
 from kvstore.errors import Code, InvalidArgument, KVStoreError
+from kvstore.master.coordination import add_coordination
 from kvstore.master.core import CoreConfig, MasterCore, MonotonicClock, TierMove
 from kvstore.master.durability import Recorder, queue_changes
 from kvstore.master.election import RETRY_PAUSE, Election
 from kvstore.master.live_config import LiveConfig
 from kvstore.master.metrics import MasterMetrics
+from kvstore.master.node_proof import disproof
 from kvstore.master.nodes import NodeLinks
 from kvstore.master.service import MasterService, add_to_server
 from kvstore.rpc.server import FastServer
@@ -102,6 +104,8 @@ class MasterDaemon:
             return 0
         self.server = grpc.aio.server(options=GRPC_OPTIONS)
         add_to_server(self.service, self.server)
+        add_coordination(self.server, self.service, self.election, self.live_config,
+                         lambda: self.core)
         try:
             port = self.security.add_port(self.server, self.opts.listen)
         except RuntimeError as exc:
@@ -198,7 +202,10 @@ class MasterDaemon:
         await self.live_config.restore_draining(self.core)
         self.core.on_move_queued = self._moves_wanted.set
         records, revision = await self.etcd.get_prefix(self.layout.nodes)
-        nodes = [n for n in (self._mount(raw) for _key, raw in records) if n is not None]
+        proven = await asyncio.gather(*(self._proven(raw) for _key, raw in records))
+        nodes = [n for n in (self._mount(raw) for (_key, raw), ok in zip(records, proven,
+                                                                        strict=True) if ok)
+                 if n is not None]
         adopted = sum(await asyncio.gather(*(self._adopt(n) for n in nodes)))
         if adopted:
             self.core.hold_eviction_until(self.core.clock.now() + config.max_lease_ttl)
@@ -224,6 +231,22 @@ class MasterDaemon:
             self._fast.drop_connections()
         log.info("access file %s reloaded: %d token(s), %d tenant(s)", access.source,
                  len(access.principals), len(access.tenants))
+
+    async def _proven(self, raw: bytes) -> bool:
+        """Whether the node a record names proved itself (kvstore.master.node_proof); a
+        record as mounted already needs no new proof, a bad one is _mount's to log."""
+        try:
+            record = NodeRecord.decode(raw)
+        except (ValueError, TypeError, KeyError):
+            return True
+        if self._records.get(record.node_id) == record:
+            return True
+        why = await disproof(self.security, record, self.election.epoch)
+        if why:
+            log.error("ignoring the etcd record of node %s, not mounting it: %s",
+                      record.node_id, why, extra={"event": "node_unproven",
+                                                  "node": record.node_id})
+        return not why
 
     def _mount(self, raw: bytes, adopting: bool = False) -> str | None:
         """Mount the node a record describes; `adopting`: with no placements on it
@@ -305,6 +328,8 @@ class MasterDaemon:
         as mounted already is left as it is."""
         if kind == "put":
             known = self._records.get(key[len(self.layout.nodes):].decode(errors="replace"))
+            if not await self._proven(value):
+                return
             node_id = self._mount(value, adopting=True)
             if node_id is None:
                 return

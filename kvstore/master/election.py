@@ -12,6 +12,11 @@ etcd keeps leases across its own restart and extends each by its TTL when it com
 back, so the keepalive goes on trying and the leader resumes as soon as etcd confirms
 the lease. Only etcd's word that the lease is gone ends the leadership: `lost` is set,
 and the daemon becomes a standby in-process and campaigns again (`reset`).
+
+A record that vanishes while its lease lives (an operator's delete, a restore of etcd
+from an older backup) is not trusted to mean anything: the master's own record under
+`masters/` is put again at once, and a leader whose leader key vanished gives its lease
+up and campaigns again, since a standby may already hold the seat under a newer epoch.
 """
 
 from __future__ import annotations
@@ -39,8 +44,10 @@ class Election:
         self._is_leader = False
         self._epoch = 0
         self._leader_address = ""
+        self._leader_record: MasterRecord | None = None
         self.lease_id = 0
         self._keepalive: asyncio.Task[None] | None = None
+        self._guards: list[asyncio.Task[None]] = []
         self.lost = asyncio.Event()
         # When our etcd lease ends at the latest, by our own clock. A leader paused past
         # it (SIGSTOP, a long GC) must not answer even one call before its keepalive
@@ -71,6 +78,11 @@ class Election:
         return self._leader_address
 
     @property
+    def leader_record(self) -> MasterRecord | None:
+        """The record of the master that leads as far as this one knows (None: unknown)."""
+        return self._leader_record
+
+    @property
     def leader_for(self) -> float:
         """Seconds since this master was elected (0 when it does not lead)."""
         return time.monotonic() - self._elected_at if self._elected_at else 0.0
@@ -89,8 +101,17 @@ class Election:
                         "(epoch %d)", self._epoch)
         self._lease_deadline = loop_deadline
 
+    async def _stop_guards(self) -> None:
+        guards, self._guards = self._guards, []
+        for task in guards:
+            task.cancel()
+        for task in guards:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
     async def reset(self) -> None:
         """After the lease was lost: forget the old term, ready to register again."""
+        await self._stop_guards()
         if self._keepalive is not None:
             self._keepalive.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -99,6 +120,7 @@ class Election:
         self._is_leader = False
         self._elected_at = 0.0
         self._leader_address = ""  # until the campaign reads who leads now
+        self._leader_record = None
         self.lease_id = 0
         self.lost = asyncio.Event()
 
@@ -127,6 +149,43 @@ class Election:
                                  confirm_loss=True),
             name="master-lease",
         )
+        self._guards.append(asyncio.create_task(
+            self._guard(self.layout.master(self.record.master_id), self._announce_again),
+            name="master-record"))
+
+    async def _announce_again(self) -> None:
+        log.warning("this master's record in etcd vanished while its lease lives (deleted, "
+                    "or etcd restored from a backup): announcing it again")
+        await self.etcd.put(self.layout.master(self.record.master_id), self.record.encode(),
+                            lease=self.lease_id)
+
+    async def _seat_gone(self) -> None:
+        log.error("the leader key vanished under this leader (epoch %d) while its lease "
+                  "lives: giving the lease up and campaigning again, since another master "
+                  "may lead under a newer epoch", self._epoch)
+        await self.etcd.revoke(self.lease_id)
+        self._on_lost()
+
+    async def _guard(self, key: bytes, on_gone: Callable[[], Awaitable[None]]) -> None:
+        """Call `on_gone` whenever `key` does not hold this master's record, until
+        cancelled. The key is read and watched from the revision of that read (a delete
+        in between is never missed), and read again every lease TTL in case a watch
+        stream was lost."""
+        while not self.lost.is_set():
+            try:
+                kvs, revision = await self.etcd.get_prefix(key)
+                if dict(kvs).get(key) != self.record.encode():
+                    await on_gone()
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.ttl):
+                        async for ev in self.etcd.watch_prefix(key, start_revision=revision + 1):
+                            if ev.key == key and (ev.kind == "delete" or
+                                                  ev.value != self.record.encode()):
+                                break
+            except ETCD_ERRORS as exc:
+                log.debug("watching %r: %s", key, exc)
+                await asyncio.sleep(RETRY_PAUSE)
 
     async def campaign(self, on_elected: Callable[[int], Awaitable[None]]) -> None:
         """Return once elected (after `on_elected(epoch)` ran), or when the lease is lost."""
@@ -138,6 +197,8 @@ class Election:
                     await on_elected(won)
                     self._is_leader = True
                     self._elected_at = time.monotonic()
+                    self._guards.append(asyncio.create_task(
+                        self._guard(self.layout.leader, self._seat_gone), name="leader-key"))
                     return
             except ETCD_ERRORS as exc:
                 log.warning("campaign: etcd unreachable (%s); retrying", exc)
@@ -149,6 +210,7 @@ class Election:
         if revision is not None:
             self._epoch = revision
             self._leader_address = self.record.address
+            self._leader_record = self.record
             log.info("elected leader, epoch %d", revision)
             return revision
         current = await self.etcd.get_with_revision(self.layout.leader)
@@ -158,6 +220,7 @@ class Election:
         holder = MasterRecord.decode(raw)
         self._epoch = epoch
         self._leader_address = holder.address
+        self._leader_record = holder
         if holder.master_id == self.record.master_id:
             # Ours already: a try whose rebuild failed (etcd went away meanwhile).
             log.info("the leader key is this master's (epoch %d): taking the seat", epoch)
@@ -190,6 +253,7 @@ class Election:
 
     async def resign(self) -> None:
         """Give the leadership up at once (clean shutdown), so a standby need not wait."""
+        await self._stop_guards()
         if self._keepalive is not None:
             self._keepalive.cancel()
             with contextlib.suppress(asyncio.CancelledError):

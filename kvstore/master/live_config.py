@@ -109,3 +109,30 @@ class LiveConfig:
                      ", ".join(f"{k}={v:g}" for k, v in changed.items()),
                      extra={"event": "config_applied", "changed": changed})
         return True
+
+    async def change(self, new: dict[str, float], unset: list[str], core: MasterCore) -> None:
+        """The leader's side of `kvstore config set|unset`: check `new` (each value, and
+        all of them with the settings in force and the rest of etcd's), write them and
+        drop `unset` in one etcd transaction, then apply them here at once (the watch
+        applies the same records again, which changes nothing). InvalidArgument names a
+        bad value or a conflict; nothing is written then."""
+        for name, value in new.items():
+            parse_setting(name, repr(value))
+        for name in unset:
+            parse_setting(name, "1")  # the name only: InvalidArgument for an unknown one
+        records, _ = await self.etcd.get_prefix(self.layout.config)
+        gone = {self.layout.setting(n) for n in unset}
+        puts = {self.layout.setting(k): repr(v).encode() for k, v in new.items()}
+        after = [(k, v) for k, v in records if k not in gone and k not in puts]
+        after += list(puts.items())
+        try:
+            self.resolve(after)
+        except InvalidArgument as exc:
+            held = live_settings(core.config)
+            raise InvalidArgument(
+                f"{exc.message} (with the settings in force: "
+                f"{', '.join(f'{k}={v:g}' for k, v in held.items() if k not in new)}); "
+                "set the related values together, e.g. `kvstore config set evict_low 0.5 "
+                "evict_high 0.6`") from exc
+        await self.etcd.write(puts, sorted(gone))
+        self.apply(after, core)

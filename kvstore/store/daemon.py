@@ -187,6 +187,7 @@ class StoreDaemon:
             asyncio.create_task(self._mount_at_leaders(), name="mount"),
         ]
         tasks.append(asyncio.create_task(self._guard_identity(), name="fence-guard"))
+        tasks.append(asyncio.create_task(self._keep_record(), name="record-guard"))
         await self._stop.wait()
         for task in tasks:
             task.cancel()
@@ -287,6 +288,34 @@ class StoreDaemon:
                 self._fence()
                 return
 
+    async def _keep_record(self) -> None:
+        """Announce again at once when our record vanishes while our lease lives (an
+        operator's delete, etcd restored from an older backup): the leader then mounts
+        us anew and adopts our inventory back. Only a create: a key that a newer
+        incarnation took meanwhile is left to it (`_guard_identity` fences us then).
+        The key is watched from the revision it was read at, and read again every lease
+        TTL in case a watch stream was lost."""
+        key = self.layout.node(self.node_id)
+        while True:
+            try:
+                kvs, revision = await self.etcd.get_prefix(key)
+                lease_id = self.lease_id
+                if key not in dict(kvs) and lease_id and not self._lease_lost.is_set():
+                    if await self.etcd.create_if_absent(key, self._record().encode(),
+                                                        lease_id) is not None:
+                        log.warning("node %s: its etcd record vanished while its lease "
+                                    "lives; announced again (%d objects for the leader to "
+                                    "adopt)", self.node_id, len(self.inventory))
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.opts.etcd_lease_ttl):
+                        async for ev in self.etcd.watch_prefix(key, revision + 1):
+                            if ev.key == key and ev.kind == "delete":
+                                break
+            except Exception as exc:  # etcd away, or the lease just ended: try again
+                log.debug("node %s: watching its etcd record: %s", self.node_id, exc)
+                await asyncio.sleep(1.0)
+
     async def _prefault(self, started: float) -> bool:
         """Reserve the segment a step at a time (~0.5 s each), letting the loop run in
         between: a SIGTERM during a reservation of hundreds of GiB (minutes) is honoured
@@ -331,6 +360,7 @@ class StoreDaemon:
                                       interceptors=self.security.node_interceptors(self.auth))
         service = StoreNodeService(self.node_id, self.inventory, self.segment, self.ssd,
                                    self.counters)
+        service.segment_name = self.transfer.segment_name if self.transfer else ""
         spbg.add_StoreNodeServicer_to_server(service, self.server)
         listen = self.opts.listen or f"{self.opts.host}:0"
         try:

@@ -37,6 +37,7 @@ class StoreNodeService(spbg.StoreNodeServicer):
         # Promotions read on threads of their own: a reader waits for them, and in the
         # shared pool they queued behind a flood of demotion writes.
         self._promoting = ThreadPoolExecutor(4, thread_name_prefix="promote")
+        self.segment_name = ""  # the Transfer Engine's, once registered (Inventory says it)
 
     async def Apply(self, request: spb.ApplyRequest, context: Any) -> spb.ApplyResponse:
         if not self.inventory.admit_epoch(request.epoch):
@@ -60,6 +61,10 @@ class StoreNodeService(spbg.StoreNodeServicer):
                         context: Any) -> spb.InventoryResponse:
         if not self.inventory.admit_epoch(request.epoch):
             return _stale(spb.InventoryResponse)
+        if request.identity_only:
+            return spb.InventoryResponse(node_id=self.node_id, segment=self.segment_name,
+                                         base_addr=self.segment.base_addr,
+                                         size=self.segment.size)
         replicas = [
             spb.Replica(key=k, offset=h.offset, size=h.size, checksum=h.checksum, tier="dram")
             for k, h in self.inventory.dram()
@@ -67,7 +72,9 @@ class StoreNodeService(spbg.StoreNodeServicer):
         if self.ssd is not None:
             replicas += [spb.Replica(key=e.key, size=e.size, checksum=e.checksum, tier="ssd")
                          for e in self.ssd.entries()]
-        return spb.InventoryResponse(node_id=self.node_id, replicas=replicas)
+        return spb.InventoryResponse(node_id=self.node_id, replicas=replicas,
+                                     segment=self.segment_name,
+                                     base_addr=self.segment.base_addr, size=self.segment.size)
 
     async def Move(self, request: spb.MoveRequest, context: Any) -> spb.MoveResponse:
         if not self.inventory.admit_epoch(request.epoch):

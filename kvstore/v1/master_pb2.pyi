@@ -572,3 +572,43 @@ class GetConfigResponse(_message.Message):
     epoch: int
     settings: _containers.RepeatedCompositeFieldContainer[ConfigSetting]
     def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., settings: _Optional[_Iterable[_Union[ConfigSetting, _Mapping]]] = ...) -> None: ...
+
+class WhoLeadsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WhoLeadsResponse(_message.Message):
+    __slots__ = ("error", "epoch", "is_leader", "master_id", "address", "fast", "tls")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    IS_LEADER_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    FAST_FIELD_NUMBER: _ClassVar[int]
+    TLS_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    epoch: int
+    is_leader: bool
+    master_id: str
+    address: str
+    fast: str
+    tls: bool
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., is_leader: _Optional[bool] = ..., master_id: _Optional[str] = ..., address: _Optional[str] = ..., fast: _Optional[str] = ..., tls: _Optional[bool] = ...) -> None: ...
+
+class SetConfigRequest(_message.Message):
+    __slots__ = ("settings", "unset")
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    UNSET_FIELD_NUMBER: _ClassVar[int]
+    settings: _containers.RepeatedCompositeFieldContainer[ConfigSetting]
+    unset: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, settings: _Optional[_Iterable[_Union[ConfigSetting, _Mapping]]] = ..., unset: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SetConfigResponse(_message.Message):
+    __slots__ = ("error", "epoch", "settings")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    epoch: int
+    settings: _containers.RepeatedCompositeFieldContainer[ConfigSetting]
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., settings: _Optional[_Iterable[_Union[ConfigSetting, _Mapping]]] = ...) -> None: ...

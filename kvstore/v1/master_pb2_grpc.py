@@ -1017,3 +1017,131 @@ class Master:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class CoordinationStub:
+    """-- Coordination (least privilege): what a caller needs no etcd access for -----------
+    A service of its own: a standby answers WhoLeads (every Master call is the leader's
+    alone), and the fast channel's method table stays Master's.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.WhoLeads = channel.unary_unary(
+                '/kvstore.v1.Coordination/WhoLeads',
+                request_serializer=kvstore_dot_v1_dot_master__pb2.WhoLeadsRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_master__pb2.WhoLeadsResponse.FromString,
+                _registered_method=True)
+        self.SetConfig = channel.unary_unary(
+                '/kvstore.v1.Coordination/SetConfig',
+                request_serializer=kvstore_dot_v1_dot_master__pb2.SetConfigRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_master__pb2.SetConfigResponse.FromString,
+                _registered_method=True)
+
+
+class CoordinationServicer:
+    """-- Coordination (least privilege): what a caller needs no etcd access for -----------
+    A service of its own: a standby answers WhoLeads (every Master call is the leader's
+    alone), and the fast channel's method table stays Master's.
+    """
+
+    def WhoLeads(self, request, context):
+        """Who leads now. Any master answers, standbys too, for a caller with any valid
+        token: how a client given master addresses (and no etcd) finds the leader.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetConfig(self, request, context):
+        """Change live settings (admin tokens only): the leader checks them with those in
+        force, writes them to etcd, and applies them before it answers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_CoordinationServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'WhoLeads': grpc.unary_unary_rpc_method_handler(
+                    servicer.WhoLeads,
+                    request_deserializer=kvstore_dot_v1_dot_master__pb2.WhoLeadsRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_master__pb2.WhoLeadsResponse.SerializeToString,
+            ),
+            'SetConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetConfig,
+                    request_deserializer=kvstore_dot_v1_dot_master__pb2.SetConfigRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_master__pb2.SetConfigResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'kvstore.v1.Coordination', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('kvstore.v1.Coordination', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Coordination:
+    """-- Coordination (least privilege): what a caller needs no etcd access for -----------
+    A service of its own: a standby answers WhoLeads (every Master call is the leader's
+    alone), and the fast channel's method table stays Master's.
+    """
+
+    @staticmethod
+    def WhoLeads(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.Coordination/WhoLeads',
+            kvstore_dot_v1_dot_master__pb2.WhoLeadsRequest.SerializeToString,
+            kvstore_dot_v1_dot_master__pb2.WhoLeadsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.Coordination/SetConfig',
+            kvstore_dot_v1_dot_master__pb2.SetConfigRequest.SerializeToString,
+            kvstore_dot_v1_dot_master__pb2.SetConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -70,17 +70,25 @@ class ApplyResponse(_message.Message):
     def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ...) -> None: ...
 
 class InventoryRequest(_message.Message):
-    __slots__ = ("epoch",)
+    __slots__ = ("epoch", "identity_only")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_ONLY_FIELD_NUMBER: _ClassVar[int]
     epoch: int
-    def __init__(self, epoch: _Optional[int] = ...) -> None: ...
+    identity_only: bool
+    def __init__(self, epoch: _Optional[int] = ..., identity_only: _Optional[bool] = ...) -> None: ...
 
 class InventoryResponse(_message.Message):
-    __slots__ = ("error", "node_id", "replicas")
+    __slots__ = ("error", "node_id", "replicas", "segment", "base_addr", "size")
     ERROR_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    BASE_ADDR_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
     error: _common_pb2.Error
     node_id: str
     replicas: _containers.RepeatedCompositeFieldContainer[Replica]
-    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., node_id: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ...) -> None: ...
+    segment: str
+    base_addr: int
+    size: int
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., node_id: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., segment: _Optional[str] = ..., base_addr: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...

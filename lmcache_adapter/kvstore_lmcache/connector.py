@@ -228,7 +228,7 @@ class KVStoreConnector(RemoteConnector):
         try:
             client = KVStoreClient(etcd=o.etcd, cluster=o.cluster, timeout=o.timeout,
                                    replicas=o.replicas, transport=o.transport or None,
-                                   same_host=o.same_host)
+                                   same_host=o.same_host, master=o.master or None)
         except Exception as exc:  # any failure to connect is a miss, never LMCache's crash
             self._failed(f"cannot reach the kvstore cluster at {o.etcd} ({exc}); lookups "
                          f"are misses and puts are dropped, next try in {o.retry_interval:g} s")

@@ -58,6 +58,9 @@ class Options:
     # On a store node's host, copy straight from its mapped segment (False: always over
     # the Transfer Engine, as from another host).
     same_host: bool = True
+    # Master addresses ("h1:50051,h2:50051", or a DNS name): the client asks them who
+    # leads and never talks to etcd (the URL's etcd endpoint is then unused).
+    master: str = ""
 
     @classmethod
     def names(cls) -> list[str]:

@@ -30,7 +30,9 @@ HOST_KEYS = frozenset({
 @dataclass(frozen=True)
 class Settings:
     etcd: str = "127.0.0.1:2379"
-    master: str = ""  # a fixed master address instead of finding the leader in etcd
+    # Master addresses ("h1:50051,h2:50051", or a DNS name) instead of etcd: the client
+    # asks them who leads (kvstore_client.discovery) and never talks to etcd.
+    master: str = ""
     cluster: str = "default"
     # Control calls give up after this long; the store then counts as down (misses,
     # failed sets at once) for `retry_interval` seconds before it is tried again.

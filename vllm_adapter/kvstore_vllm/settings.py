@@ -23,7 +23,9 @@ ROLES = ("kv_both", "kv_producer", "kv_consumer")
 @dataclass(frozen=True)
 class Settings:
     etcd: str = "127.0.0.1:2379"
-    master: str = ""  # a fixed master address instead of finding the leader in etcd
+    # Master addresses ("h1:50051,h2:50051", or a DNS name) instead of etcd: the client
+    # asks them who leads (kvstore_client.discovery) and never talks to etcd.
+    master: str = ""
     cluster: str = "default"
     # Control calls give up after this long; the store is then treated as down (misses,
     # no saves) for `retry_interval` seconds before it is tried again.
