@@ -5,6 +5,7 @@ it was written on or material outside the repository."""
 from __future__ import annotations
 
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,7 @@ DOCS = sorted({ROOT / "README.md", ROOT / "CONTRIBUTING.md", *ROOT.glob("docs/*.
                *ROOT.glob("bench/**/*.md")})
 # What is not the project's: the environment, build outputs and caches (.gitignore).
 SKIP_DIRS = {".git", ".venv", ".kvstore", "__pycache__", ".pytest_cache", ".mypy_cache",
-             ".ruff_cache", "build", "out"}
+             ".ruff_cache", ".hypothesis", "build", "out"}
 # A path outside the repository or of one machine: the lab's work tree, the material
 # beside the repository, a user's home directory under a real name.
 FOREIGN = re.compile(r"/work/|\.\./shared\b|shared/traces|\b(?:DESIGN|STYLE|LAB_NOTES)\.md\b")
@@ -97,11 +98,22 @@ def test_the_link_check_catches_what_it_should() -> None:
         "../../x.md: outside the repository"]
 
 
+def _candidates() -> list[Path]:
+    """The committed files (what a clone holds: caches the test run itself writes, like
+    .hypothesis/, are not the repository's); a tree without git: every file, less the
+    caches and outputs."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                             check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return [p for p in sorted(ROOT.rglob("*"))
+                if not any(part in SKIP_DIRS or part.endswith(".egg-info")
+                           for part in p.relative_to(ROOT).parts)]
+    return [ROOT / name for name in sorted(out.decode().split("\0")) if name]
+
+
 def text_files() -> Iterator[Path]:
-    for path in sorted(ROOT.rglob("*")):
-        rel = path.relative_to(ROOT)
-        if any(part in SKIP_DIRS or part.endswith(".egg-info") for part in rel.parts):
-            continue
+    for path in _candidates():
         if path.is_symlink() or not path.is_file():
             continue
         data = path.read_bytes()
