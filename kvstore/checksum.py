@@ -46,10 +46,11 @@ def checksum(data: Any) -> int:
 def matches(data: Any, expected: int) -> bool:
     """Whether `data` (host bytes or a GPU tensor) is the object `expected` describes."""
     if _on_gpu(data):
-        if is_page_sum(expected):
-            return page_sum_tensor(data) == expected
-        # Written from the host with XXH3: only the host can check it.
-        return xxhash.xxh3_64_intdigest(data.cpu().numpy()) == expected
+        if is_page_sum(expected) and page_sum_tensor(data) == expected:
+            return True
+        # Written from the host with XXH3 (whose value may carry the tag too, one in 256):
+        # only the host can check it.
+        return bool(xxhash.xxh3_64_intdigest(data.cpu().numpy()) == expected)
     if xxhash.xxh3_64_intdigest(data) == expected:
         return True
     return is_page_sum(expected) and page_sum(data) == expected

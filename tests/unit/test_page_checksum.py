@@ -102,10 +102,25 @@ class _OnDevice:
 
 
 def test_a_gpu_tensor_is_summed_where_it_lives_and_xxh3_objects_still_verify() -> None:
-    t = torch.randint(0, 256, (4096,), dtype=torch.uint8)
+    t = torch.randint(0, 256, (4096,), dtype=torch.uint8,
+                      generator=torch.Generator().manual_seed(7))
     dev = _OnDevice(t)
     assert checksum(dev) == page_sum(t.numpy().tobytes())
     assert matches(dev, page_sum(t.numpy().tobytes()))
     # written from the host with XXH3, read into a GPU: verified on the host
     assert matches(dev, xxhash.xxh3_64_intdigest(t.numpy()))
     assert not matches(dev, xxhash.xxh3_64_intdigest(t.numpy()) ^ 4)
+
+
+def test_an_xxh3_value_that_carries_the_tag_still_verifies_on_both_sides() -> None:
+    # One XXH3 value in 256 has the page sum's top byte: find such bytes, then check
+    # that neither the host nor the GPU path calls them a miss.
+    for seed in range(5000):
+        data = np.random.default_rng(seed).integers(0, 256, 256, dtype=np.uint8)
+        value = xxhash.xxh3_64_intdigest(data.tobytes())
+        if is_page_sum(value):
+            break
+    else:
+        raise AssertionError("no tagged XXH3 value in 5000 tries")
+    assert matches(data.tobytes(), value)
+    assert matches(_OnDevice(torch.from_numpy(data.copy())), value)
