@@ -100,6 +100,14 @@ def answers_plaintext(address: str, timeout: float) -> bool:
     return request_id == PROBE_ID and tag in (REPLY_OK, REPLY_ERROR)
 
 
+def reply_message(response: type[Message], tag: int, body: bytes) -> Message:
+    """A reply frame's message, or the typed error of a REPLY_ERROR frame."""
+    if tag == REPLY_OK:
+        return response.FromString(body)
+    error = cpb.Error.FromString(body)
+    raise error_for(error.code, error.message)
+
+
 @dataclass(slots=True)
 class Asked:
     """A request sent by `FastChannel.ask` whose reply is not read yet."""
@@ -205,10 +213,7 @@ class FastChannel:
         sock.sendall(HEADER.pack(len(payload), request_id, spec.id) + payload)
         tag, body = self._reply(sock, request_id, time.monotonic() + timeout)
         self._replied = True
-        if tag != REPLY_OK:
-            error = cpb.Error.FromString(body)
-            raise error_for(error.code, error.message)
-        reply = pb.AuthenticateResponse.FromString(body)
+        reply: Any = reply_message(pb.AuthenticateResponse, tag, body)
         if reply.error.code:
             raise error_for(reply.error.code, reply.error.message)
 
@@ -254,10 +259,7 @@ class FastChannel:
                 raise WrongLayer(self.address, peer_tls=True) from exc
             raise
         self._replied = True
-        if tag == REPLY_OK:
-            return asked.response.FromString(body)
-        error = cpb.Error.FromString(body)
-        raise error_for(error.code, error.message)
+        return reply_message(asked.response, tag, body)
 
     def ready(self, asked: Asked) -> bool:
         """Whether `answer(asked)` can start reading at once: bytes of a reply are here
