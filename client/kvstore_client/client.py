@@ -61,6 +61,11 @@ class KVStoreClient(Session):
         if not self._closed:
             self._drive(self._close())
 
+    def _call(self, method: str, request: Any, spin: bool = True) -> Any:
+        """One control call, retries and leader following included (for tools and
+        adapters that need a method the API does not wrap, e.g. ListKeys)."""
+        return self._drive(self._rpc(method, request, spin))
+
     def _drive(self, io: Io[T]) -> T:
         """Run `io`, each op as a blocking call; an op's error is thrown back into it."""
         self._check_open()

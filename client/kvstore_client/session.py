@@ -132,7 +132,7 @@ class Session:
         with contextlib.suppress(KVStoreError):  # the next attempt reports the failure
             yield from self._connect()
 
-    def _call(self, method: str, request: Any, spin: bool = True) -> Io[Any]:
+    def _rpc(self, method: str, request: Any, spin: bool = True) -> Io[Any]:
         """One control round trip. Follows the leader across a failover, retrying with
         bounded backoff, and fails with Unavailable once `timeout` has passed. `spin`
         False: engine transfers of this call are moving, so the reply is waited for
@@ -179,7 +179,7 @@ class Session:
 
     def _answer(self, asked: _Asked, spin: bool = True) -> Io[Any]:
         """The reply to an `_ask`; when that attempt failed (or came from a stale
-        leader), the call is made again the usual way (`_call`)."""
+        leader), the call is made again the usual way (`_rpc`)."""
         control = self._control
         if asked.handle is not None and control is asked.control and control is not None:
             try:
@@ -191,7 +191,7 @@ class Session:
                     return check_reply(reply)
                 self.stats.failovers += 1
                 yield from self._reconnect_quietly()
-        return (yield from self._call(asked.method, asked.request, spin))
+        return (yield from self._rpc(asked.method, asked.request, spin))
 
     def _send_later(self, method: str, request: Any, then: Any) -> Io[None]:
         """A Later step: sent now; its reply is read before the next control call's."""
@@ -272,7 +272,7 @@ class Session:
     def _step(self, step: steps.Step, started: list[Ticket]) -> Io[Any]:
         """One step of a flow (steps.py says what each means)."""
         if isinstance(step, steps.Rpc):
-            return (yield from self._call(step.method, step.request, not _moving(started)))
+            return (yield from self._rpc(step.method, step.request, not _moving(started)))
         if isinstance(step, steps.Start):
             ticket = yield step
             started.append(ticket)

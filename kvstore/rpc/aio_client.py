@@ -12,17 +12,20 @@ TLS setting that is not the server's raises WrongLayer at once, found out the sa
 from __future__ import annotations
 
 import asyncio
-import ssl
 from dataclasses import dataclass
 from typing import Any, cast
 
 from google.protobuf.message import Message
 
-from kvstore.addresses import split_address
-from kvstore.errors import error_for
-from kvstore.rpc.client import PROBE_TIMEOUT, WrongLayer, answers_plaintext, reply_message
+from kvstore.rpc.client import (
+    PROBE_TIMEOUT,
+    Link,
+    Step,
+    WrongLayer,
+    answers_plaintext,
+    reply_message,
+)
 from kvstore.rpc.framing import (
-    MAX_FRAME,
     ONE_WAY,
     FrameDecoder,
     FrameError,
@@ -72,26 +75,13 @@ class _Connection(asyncio.Protocol):
         return self.transport is not None and not self.transport.is_closing()
 
 
-class AsyncFastChannel:
+class AsyncFastChannel(Link):
     """An asyncio connection to one master's fast port, shared by concurrent calls."""
 
-    def __init__(self, address: str, *, max_frame: int = MAX_FRAME,
-                 connect_timeout: float = 2.0, tls: ssl.SSLContext | None = None,
-                 server_hostname: str = "", token: str = "",
-                 plaintext_check: bool = False) -> None:
-        self.address = address
-        self.tls = tls
-        self.plaintext_check = plaintext_check  # see kvstore.rpc.client's module doc
-        self.token = token
-        self.max_frame = max_frame
-        self.connect_timeout = connect_timeout  # at most; a call's own timeout may be less
-        self.connects = 0
-        self.connect_failures = 0  # attempts that failed since the last connection opened
-        self._host, self._port = split_address(address)
-        self._server_hostname = server_hostname or self._host
+    def __init__(self, address: str, **settings: Any) -> None:
+        super().__init__(address, **settings)
         self._conn: _Connection | None = None
         self._connecting: asyncio.Lock | None = None
-        self._next_id = 0
 
     @property
     def connected(self) -> bool:
@@ -101,10 +91,6 @@ class AsyncFastChannel:
         if self._conn is not None and self._conn.transport is not None:
             self._conn.transport.close()
         self._conn = None
-
-    def _request_id(self) -> int:
-        self._next_id = self._next_id % 0xFFFFFFFF + 1
-        return self._next_id
 
     async def _connection(self, timeout: float) -> _Connection:
         conn = self._conn
@@ -116,45 +102,41 @@ class AsyncFastChannel:
             conn = self._conn
             if conn is not None and conn.open:
                 return conn
-            loop = asyncio.get_running_loop()
-            if self.plaintext_check and await self._plaintext_server(timeout):
-                self.connect_failures += 1
-                raise WrongLayer(self.address, peer_tls=False)
-            try:
-                _, fresh = await asyncio.wait_for(loop.create_connection(
-                    lambda: _Connection(self.address, self.max_frame), self._host, self._port,
-                    ssl=self.tls, server_hostname=self._server_hostname if self.tls else None),
-                    min(timeout, self.connect_timeout))
-            except ssl.SSLCertVerificationError:
-                self.connect_failures += 1
-                raise
-            except (OSError, ssl.SSLError) as exc:  # TimeoutError included
-                self.connect_failures += 1
-                if await self._plaintext_server(timeout):
-                    raise WrongLayer(self.address, peer_tls=False) from exc
-                raise
-            if self.token:
+            steps = self.connecting()
+            step = next(steps)
+            throw: BaseException | None
+            while True:  # Link.connecting's steps, each awaited
                 try:
-                    reply: Any = await self.answer(self._send(
-                        fresh, "Authenticate", pb.AuthenticateRequest(token=self.token), timeout))
-                except BaseException:
-                    if fresh.transport is not None:
-                        fresh.transport.close()
-                    self.connect_failures += 1
-                    raise
-                if reply.error.code:
-                    if fresh.transport is not None:
-                        fresh.transport.close()
-                    raise error_for(reply.error.code, reply.error.message)
-            self._conn = fresh
-            self.connects += 1
-            self.connect_failures = 0
-            return fresh
+                    outcome = await self._take(step, timeout)
+                except BaseException as exc:
+                    throw, outcome = exc, None
+                else:
+                    throw = None
+                try:
+                    step = steps.send(outcome) if throw is None else steps.throw(throw)
+                except StopIteration as done:
+                    self._conn = done.value
+                    return done.value
 
-    async def _plaintext_server(self, timeout: float) -> bool:
-        """kvstore.rpc.client's probe, in a worker thread."""
-        return self.tls is not None and await asyncio.to_thread(
-            answers_plaintext, self.address, min(timeout, PROBE_TIMEOUT))
+    async def _take(self, step: Step, timeout: float) -> Any:
+        """One step of `connecting`, on the loop (the probes in a worker thread)."""
+        what, conn = step
+        if what == "open":
+            loop = asyncio.get_running_loop()
+            _, fresh = await asyncio.wait_for(loop.create_connection(
+                lambda: _Connection(self.address, self.max_frame), self._host, self._port,
+                ssl=self.tls, server_hostname=self._server_hostname if self.tls else None),
+                min(timeout, self.connect_timeout))
+            return fresh
+        if what == "authenticate":
+            return await self.answer(self._send(
+                conn, "Authenticate", pb.AuthenticateRequest(token=self.token), timeout))
+        if what == "drop":
+            return conn.transport and conn.transport.close()
+        if what == "tls?":
+            return await speaks_tls_async(self.address, PROBE_TIMEOUT)
+        return await asyncio.to_thread(answers_plaintext, self.address,
+                                       min(timeout, PROBE_TIMEOUT))
 
     async def call(self, method: str, request: Message, timeout: float) -> Message:
         """Like FastChannel.call; other calls proceed on the same connection meanwhile."""

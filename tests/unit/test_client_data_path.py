@@ -270,7 +270,7 @@ class Rig:
         self.client._state = self.state
         # The shared layer's seams (session.py) are generators of I/O steps; these answer
         # at once, with no step.
-        self.client._call = io(self.call)  # type: ignore[method-assign]
+        self.client._rpc = io(self.call)  # type: ignore[method-assign]
         self.client._ask = io(self.ask)  # type: ignore[method-assign]
         self.client._answer = io(self.answer)  # type: ignore[method-assign]
         self.client._release = io(self.master.release)  # type: ignore[method-assign]
@@ -364,7 +364,7 @@ class DriverRig(Rig):
     def __init__(self) -> None:
         super().__init__()
         c = self.client
-        for patched in ("_call", "_ask", "_answer", "_release"):
+        for patched in ("_rpc", "_ask", "_answer", "_release"):
             delattr(c, patched)
         c._control = FakeControl(self.master)  # type: ignore[assignment]
         c.timeout = 5.0
@@ -621,7 +621,7 @@ def test_async_client_pipelines_and_waits_the_same_way(rig: Rig) -> None:
     def call(method: str, request: Any, spin: bool = True) -> Any:
         return rig.master.call(method, request)
 
-    client._call = io(call)  # type: ignore[method-assign]
+    client._rpc = io(call)  # type: ignore[method-assign]
     client._release = io(rig.master.release)  # type: ignore[method-assign]
     n, size = 8, 8 * KiB
     keys = [f"a{i}".encode() for i in range(n)]
@@ -796,7 +796,7 @@ def test_the_async_client_reads_early_the_same_way(rig: Rig) -> None:
         yield Sleep(0.01)  # the reply comes while the bytes move
         return rig.master.call(method, request)
 
-    client._call = call  # type: ignore[method-assign]
+    client._rpc = call  # type: ignore[method-assign]
     client._release = io(rig.master.release)  # type: ignore[method-assign]
     keys, values, _, dst = _put_small(rig, prefix="x")
     _move(rig, keys[0], values[0])
