@@ -95,11 +95,22 @@ def test_a_closed_client_says_so(driven: Driven) -> None:
     driven.loop.close()
 
 
-def test_a_single_get_of_a_known_object_is_quick(driven: Driven) -> None:
+def test_a_single_get_of_a_known_object_is_quick(driven: Driven,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     c = driven.client
     keys = [f"qk-{driven.kind}-{i}".encode() for i in range(4)]
     values = [bytes([i]) * 3000 for i in range(4)]
     assert driven.do(c.put_many, keys, values) == [None] * 4
+    flows_run: list[object] = []
+    real_run = c._run
+
+    def counted(flow: object) -> object:
+        flows_run.append(flow)
+        return real_run(flow)
+
+    monkeypatch.setattr(c, "_run", counted)
     assert [driven.do(c.get, k) for k in keys] == values
-    assert c.stats.early_reads == 4  # the placements the puts learnt, read while asked
+    # The placements the puts learnt, read while asked, in straight-line code (quick.py).
+    assert flows_run == [] and c.stats.early_reads == 4
     assert driven.do(c.get, b"qk-missing") is None
+    assert len(flows_run) == 1  # an unknown key: the flow
