@@ -144,7 +144,7 @@ class Session:
         st = self._state
         deadline = st.now() + self.timeout
         if self._control is None:
-            yield from self._reconnect_quietly()
+            yield from self._connect()  # no master registered: said at once
         last = "no attempt"
         for attempt in range(1 << 30):
             remaining = deadline - st.now()
