@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from kvstore.coord.layout import MasterRecord
 from kvstore.errors import Code, KVStoreError
 from kvstore_client import ops, quick, steps
-from kvstore_client.control import open_control
+from kvstore_client.control import Control, open_control
 from kvstore_client.drive import Pump
 from kvstore_client.options import ClientOptions
 from kvstore_client.session import Io, Session
@@ -39,7 +39,7 @@ class AsyncKVStoreClient(Session):
         self._state = self.options.state(self._layout)
         self._staging_turn = asyncio.Lock()
 
-    def _open(self, record: MasterRecord) -> Any:
+    def _open(self, record: MasterRecord) -> Control[Any]:
         return open_control(record, self.transport, self._fast_given_up, self._creds, aio=True)
 
     async def __aenter__(self) -> AsyncKVStoreClient:

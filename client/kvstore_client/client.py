@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from kvstore.coord.layout import MasterRecord
 from kvstore.errors import Code, KVStoreError
 from kvstore_client import ops, quick, steps
-from kvstore_client.control import open_control, reply_spin
+from kvstore_client.control import Control, open_control, reply_spin
 from kvstore_client.drive import Pump
 from kvstore_client.options import ClientOptions
 from kvstore_client.session import Io, Session
@@ -48,7 +48,7 @@ class KVStoreClient(Session):
         self._drive(self._connect())
         self._state = self.options.state(self._layout)
 
-    def _open(self, record: MasterRecord) -> Any:
+    def _open(self, record: MasterRecord) -> Control[Any]:
         return open_control(record, self.transport, self._fast_given_up, self._creds)
 
     def __enter__(self) -> KVStoreClient:

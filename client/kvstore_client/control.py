@@ -418,7 +418,7 @@ class AsyncFastControl(FastControl):
 
 
 def open_control(record: MasterRecord, transport: Transport, given_up: str = "",
-                 creds: Credentials | None = None, aio: bool = False) -> Any:
+                 creds: Credentials | None = None, aio: bool = False) -> Control[Any]:
     """The control channel for this leader record: blocking, or asyncio with `aio`."""
     creds = creds or Credentials()
     kind, address = target(record, transport, given_up)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvstore_client.buffers import Dest
+from kvstore_client.control import Control
 from kvstore_client.datapath import Ticket
 
 
@@ -29,7 +30,7 @@ class Find:
 
 @dataclass(slots=True)
 class Call:
-    control: Any
+    control: Control[Any]
     method: str
     request: Any
     timeout: float
@@ -38,7 +39,7 @@ class Call:
 
 @dataclass(slots=True)
 class Answer:
-    control: Any
+    control: Control[Any]
     handle: Any
     method: str
     spin: bool
@@ -46,7 +47,7 @@ class Answer:
 
 @dataclass(slots=True)
 class Close:
-    control: Any
+    control: Control[Any]
 
 
 @dataclass(slots=True)
@@ -61,6 +62,6 @@ class Drain:
 
 @dataclass(slots=True)
 class Quick:
-    control: Any
+    control: Control[Any]
     key: bytes
     dest: Dest | None

@@ -27,6 +27,7 @@ from kvstore.v1 import master_pb2 as pb
 from kvstore_client import flows, quick, steps
 from kvstore_client.buffers import Dest
 from kvstore_client.control import (
+    Control,
     Retry,
     backoff,
     check_reply,
@@ -66,7 +67,7 @@ class Session:
     # it ends. None: nothing is timed.
     phase_timer: Any = None
     _closed = False
-    _control: Any = None
+    _control: Control[Any] | None = None
     _later: tuple[_Asked, Any] | None = None  # a Later step's call, its reply not read yet
     _state: ClientState
 
@@ -105,7 +106,7 @@ class Session:
             raise ClientClosed(f"this client is closed; make a new {type(self).__name__} "
                                "to go on using the store")
 
-    def _open(self, record: MasterRecord) -> Any:
+    def _open(self, record: MasterRecord) -> Control[Any]:
         raise NotImplementedError  # the driver's kind of control channel
 
     # -- the leader ----------------------------------------------------------------------
