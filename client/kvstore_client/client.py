@@ -16,7 +16,6 @@ from kvstore.coord.layout import MasterRecord
 from kvstore.errors import Code, KVStoreError
 from kvstore_client import ops, quick, steps
 from kvstore_client.control import Control, open_control, reply_spin
-from kvstore_client.drive import Pump
 from kvstore_client.options import ClientOptions
 from kvstore_client.session import Io, Session
 from kvstore_client.state import Lease
@@ -67,15 +66,21 @@ class KVStoreClient(Session):
         return self._drive(self._rpc(method, request, spin))
 
     def _drive(self, io: Io[T]) -> T:
-        """Run `io`, each op as a blocking call; an op's error is thrown back into it."""
+        """Run `io`, each op as a blocking call; an op's error is thrown back into it.
+        (A Pump's loop inlined: a quick get's whole cost is a few µs of Python.)"""
         self._check_open()
-        pump: Pump[T] = Pump(io)
-        while (op := pump.next()) is not None:
-            try:
-                pump.give(self._do(op))
-            except BaseException as exc:
-                pump.fail(exc)
-        return pump.result
+        send, do = io.send, self._do
+        try:
+            op = send(None)
+            while True:
+                try:
+                    value = do(op)
+                except BaseException as exc:  # thrown in: its finally blocks run
+                    op = io.throw(exc)
+                else:
+                    op = send(value)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
     def _do(self, op: Any) -> Any:
         kind = type(op)

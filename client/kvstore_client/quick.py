@@ -45,7 +45,6 @@ waited for asleep.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, Final
@@ -86,9 +85,10 @@ def read_one(st: ClientState, control: Any, key: bytes, dest: Dest | None,
         wait = next(read)
         landed = wait.landed if wait.tid == 0 else _await(st, control, wait.asked, wait.tid,
                                                           wait.target, wait.size)
-        reply = None
-        with contextlib.suppress(Retry, KVStoreError):  # the flow calls again
+        try:
             reply = control.answer(wait.asked, "GetReplicas")
+        except (Retry, KVStoreError):
+            reply = None  # the flow calls again
         read.send((reply, landed))
     except StopIteration as done:
         return done.value
@@ -103,9 +103,10 @@ async def read_one_async(st: ClientState, control: Any, key: bytes, dest: Dest |
     read = _read(st, control, key, dest, timeout)
     try:
         wait = next(read)
-        reply = None
-        with contextlib.suppress(Retry, KVStoreError):
+        try:
             reply = await control.answer(wait.asked, "GetReplicas")
+        except (Retry, KVStoreError):
+            reply = None
         landed = wait.landed
         if wait.tid:
             landed = _polled(st, wait.tid, wait.target)
