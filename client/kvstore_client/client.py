@@ -80,7 +80,7 @@ class KVStoreClient(Session):
                 else:
                     op = send(value)
         except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+            return done.value
 
     def _do(self, op: Any) -> Any:
         kind = type(op)
