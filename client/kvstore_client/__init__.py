@@ -19,6 +19,7 @@ from kvstore.errors import (
 )
 from kvstore_client.aio import AsyncKVStoreClient
 from kvstore_client.client import KVStoreClient
+from kvstore_client.misuse import ClientClosed, WrongLeaseContext
 from kvstore_client.options import ClientOptions
 from kvstore_client.state import Lease
 from kvstore_client.stats import ClientStats
@@ -26,6 +27,7 @@ from kvstore_client.stats import ClientStats
 __all__ = [
     "AlreadyExists",
     "AsyncKVStoreClient",
+    "ClientClosed",
     "ClientOptions",
     "ClientStats",
     "Code",
@@ -44,4 +46,5 @@ __all__ = [
     "StoreFull",
     "Unauthenticated",
     "Unavailable",
+    "WrongLeaseContext",
 ]

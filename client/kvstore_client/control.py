@@ -4,7 +4,8 @@ A client talks to the leader through one *control* object with one verb,
 `call(method, request, timeout) -> reply` (and its two halves, `ask` and `answer`, for
 a caller with something to do while the master works): `FastControl` over the fast channel
 (kvstore.rpc, the default when the leader's etcd record announces one) or
-`GrpcControl` over gRPC (the public contract; also what a fixed `master=` address gets).
+`GrpcControl` over gRPC (the public contract; also what a master too old to answer
+WhoLeads gets when named with `master=`).
 Both raise `Retry` for failures worth another attempt (the master unreachable, slow or
 failing over) and a typed KVStoreError for anything else, so the clients' retry and
 leader-following loop is one piece of code for either transport.
@@ -25,11 +26,13 @@ call fails at once with TlsMismatch, whose sentence says where the client's CA c
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import ssl
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, TypeVar
 
 import grpc
 import grpc.aio
@@ -40,7 +43,7 @@ from kvstore.errors import Code, InvalidArgument, NotLeader, Unavailable, error_
 from kvstore.rpc.aio_client import AsyncFastChannel
 from kvstore.rpc.client import PROBE_TIMEOUT, FastChannel, WrongLayer
 from kvstore.security.credentials import Credentials
-from kvstore.security.tls import speaks_tls, speaks_tls_async
+from kvstore.security.tls import speaks_tls
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
 from kvstore_client.discovery import find_leader
@@ -84,11 +87,6 @@ def discover_record(etcd: str, layout: Layout, fixed: str | None, timeout: float
     return find_leader(etcd, layout, fixed, timeout, creds)
 
 
-def discover(etcd: str, layout: Layout, fixed: str | None, timeout: float) -> str:
-    """The leader's gRPC address (or the fixed one the user gave)."""
-    return discover_record(etcd, layout, fixed, timeout).address
-
-
 def check_reply(reply: Any) -> Any:
     """Raise the typed error a reply carries."""
     if reply.error.code:
@@ -129,16 +127,6 @@ def _fast_args(address: str, tls: bool, creds: Credentials,
 NOT_TLS = "WRONG_VERSION_NUMBER"
 
 
-def grpc_wrong_layer(exc: Any, address: str, tls: bool) -> bool | None:
-    """From a failed gRPC call: whether the server speaks the other layer. None: it does
-    not, or it cannot be told. The plaintext case asks with a ClientHello (speaks_tls)."""
-    if exc.code() != grpc.StatusCode.UNAVAILABLE:
-        return None
-    if tls:
-        return False if NOT_TLS in (exc.details() or "") else None
-    return True if speaks_tls(address, PROBE_TIMEOUT) else None
-
-
 REPLY_SPIN_US = 300  # the default; KVSTORE_REPLY_SPIN_US overrides it (0: never poll)
 
 
@@ -175,7 +163,7 @@ def target(record: MasterRecord, transport: Transport, given_up: str = "") -> tu
 
 def unreachable_fast(control: Any, given_up: str) -> str:
     """The fast address to give up now (see the module doc), else `given_up` unchanged."""
-    if isinstance(control, FastControl | AsyncFastControl) and \
+    if isinstance(control, FastControl) and \
             control.channel.connect_failures >= FAST_GIVE_UP and control.address != given_up:
         log.warning("cannot connect to the master's fast channel at %s (%d attempts): that "
                     "master is gone (stopped, or failing over: a new leader is announced within "
@@ -186,56 +174,117 @@ def unreachable_fast(control: Any, given_up: str) -> str:
     return given_up
 
 
-# -- blocking ---------------------------------------------------------------------------
+# -- the channels -----------------------------------------------------------------------
+# One interface, two kinds: a blocking control returns each reply (R is the reply), an
+# asyncio one an awaitable of it. `ask` and `release` never block in either: a blocking
+# fast channel may connect in `ask` (the caller blocks anyway), an asyncio one sends on
+# an open connection only (else Retry: the caller then makes the whole call).
+
+R_co = TypeVar("R_co", covariant=True)
+
+
+class Control(Protocol[R_co]):
+    """What the client's shared layer (session.py) needs of a control channel."""
+
+    transport: str
+    address: str
+
+    def call(self, method: str, request: Any, timeout: float, spin: bool = True) -> R_co:
+        """The reply (Retry: worth another attempt; else a typed KVStoreError). `spin`
+        False: engine transfers are moving, wait asleep (the blocking fast channel's)."""
+
+    def ask(self, method: str, request: Any, timeout: float) -> Any:
+        """Send and go on; the value goes to `answer` (Retry if it could not be sent)."""
+
+    def answer(self, asked: Any, method: str, spin: bool = True) -> R_co:
+        """The reply to what `ask` sent, with `call`'s errors."""
+
+    def release(self, lease_id: int, timeout: float) -> None:
+        """Release a lease without waiting (a lost release expires by its TTL)."""
+
+    def close(self) -> R_co:
+        """Close the channel (an awaitable of None for an asyncio one)."""
+
+
+@dataclass(slots=True)
+class Probe:
+    """A gRPC failure that a TLS probe may turn into TlsMismatch (else it is `retry`)."""
+
+    retry: Retry
 
 
 class GrpcControl:
+    """Control over gRPC, blocking or (`aio`) grpc.aio: the stub's calls are the same."""
+
     transport = "grpc"
+    _aio = False
 
     def __init__(self, address: str, tls: bool = False, creds: Credentials | None = None) -> None:
         creds = creds or Credentials()
         self.address = address
         self._creds, self._tls = creds, tls
         self._probed = False  # asked once whether a TLS server is there (see _failure)
-        self._channel: grpc.Channel = creds.grpc_channel(address, tls, GRPC_OPTIONS)
+        self._channel: Any = creds.grpc_channel(address, tls, GRPC_OPTIONS, aio=self._aio)
         self._md = creds.metadata()
         self._stub = pbg.MasterStub(self._channel)
         # grpc cancels a call whose future is garbage-collected: hold each until done.
         self._releasing: set[Any] = set()
 
     def call(self, method: str, request: Any, timeout: float, spin: bool = True) -> Any:
-        # `spin` is the fast channel's (see FastControl); grpc waits on its own threads.
-        try:
-            return getattr(self._stub, method)(request, timeout=timeout, metadata=self._md)
-        except grpc.RpcError as exc:
-            raise self._failure(method, exc) from exc
-
-    def _failure(self, method: str, exc: grpc.RpcError) -> Exception:
-        """Retry for what another attempt may fix, else the typed error."""
-        code = exc.code().name
-        if code not in RETRIABLE:
-            return unanswered(method, self.address, code)
-        if self._tls or not self._probed:
-            self._probed = not self._tls
-            peer_tls = grpc_wrong_layer(exc, self.address, self._tls)
-            if peer_tls is not None:
-                return self._creds.mismatch(self.address, peer_tls)
-        return Retry(f"{self.address}: {code}")
+        # `spin` is the fast channel's; grpc waits on its own threads.
+        return self.answer(self.ask(method, request, timeout), method)
 
     def ask(self, method: str, request: Any, timeout: float) -> Any:
-        """Start a call and return at once (grpc runs it on a thread of its own); the
-        value goes to `answer`."""
+        """Start a call and return at once (grpc runs it on a thread of its own, or as a
+        task of the loop); the value goes to `answer`."""
+        stub = getattr(self._stub, method)
+        if self._aio:
+            return _held(self._answered(stub(request, timeout=timeout, metadata=self._md),
+                                        method))
         try:
-            return getattr(self._stub, method).future(request, timeout=timeout,
-                                                      metadata=self._md)
+            return stub.future(request, timeout=timeout, metadata=self._md)
         except grpc.RpcError as exc:
             raise Retry(f"{self.address}: {exc}") from exc
 
     def answer(self, asked: Any, method: str, spin: bool = True) -> Any:
+        if self._aio:
+            return asked
         try:
             return asked.result()
         except grpc.RpcError as exc:
-            raise self._failure(method, exc) from exc
+            failure = self._failure(method, exc)
+            raise (self._probed_failure(failure) if isinstance(failure, Probe)
+                   else failure) from exc
+
+    async def _answered(self, call: Any, method: str) -> Any:
+        try:
+            return await call
+        except grpc.aio.AioRpcError as exc:
+            failure = self._failure(method, exc)
+            if isinstance(failure, Probe):
+                # The probe blocks: it runs in a worker thread, not on the loop.
+                failure = await asyncio.to_thread(self._probed_failure, failure)
+            raise failure from exc
+
+    def _failure(self, method: str, exc: Any) -> Exception | Probe:
+        """Retry for what another attempt may fix, the typed error, or a Probe: a
+        plaintext channel's UNAVAILABLE, which a ClientHello tells apart (speaks_tls)."""
+        code = exc.code().name
+        if code not in RETRIABLE:
+            return unanswered(method, self.address, code)
+        retry = Retry(f"{self.address}: {code}")
+        if (self._tls or not self._probed) and exc.code() == grpc.StatusCode.UNAVAILABLE:
+            self._probed = not self._tls
+            if not self._tls:
+                return Probe(retry)
+            if NOT_TLS in (exc.details() or ""):
+                return self._creds.mismatch(self.address, False)
+        return retry
+
+    def _probed_failure(self, probe: Probe) -> Exception:
+        if speaks_tls(self.address, PROBE_TIMEOUT):
+            return self._creds.mismatch(self.address, True)
+        return probe.retry
 
     @staticmethod
     def ready(asked: Any) -> bool:
@@ -243,160 +292,140 @@ class GrpcControl:
         return bool(asked.done())
 
     def release(self, lease_id: int, timeout: float) -> None:
-        """Release without waiting; grpc runs the call on a thread of its own."""
+        """Release without waiting; grpc runs the call on its own."""
         with contextlib.suppress(grpc.RpcError):
-            future = self._stub.ReleaseLease.future(pb.ReleaseLeaseRequest(lease_id=lease_id),
-                                                    timeout=timeout, metadata=self._md)
+            req = pb.ReleaseLeaseRequest(lease_id=lease_id)
+            call = self._stub.ReleaseLease if self._aio else self._stub.ReleaseLease.future
+            future = call(req, timeout=timeout, metadata=self._md)
             self._releasing.add(future)
             future.add_done_callback(self._releasing.discard)
 
-    def close(self) -> None:
-        self._channel.close()
+    def close(self) -> Any:
+        return self._channel.close()
 
 
 class FastControl:
+    """Control over the fast channel: kvstore.rpc's blocking FastChannel, or (`aio`) its
+    AsyncFastChannel, whose calls share one connection."""
+
     transport = "fast"
+    _aio = False
 
     def __init__(self, address: str, tls: bool = False, creds: Credentials | None = None,
                  announced: bool | None = None) -> None:
         self.address = address
         self._creds = creds or Credentials()
-        self.channel = FastChannel(address, spin=reply_spin(),
-                                   **_fast_args(address, tls, self._creds, announced))
+        args = _fast_args(address, tls, self._creds, announced)
+        self.channel: Any = AsyncFastChannel(address, **args) if self._aio else \
+            FastChannel(address, spin=reply_spin(), **args)
+        self._releasing: set[Any] = set()
 
     def call(self, method: str, request: Any, timeout: float, spin: bool = True) -> Any:
+        if self._aio:
+            return self._called(method, request, timeout)
         return self.answer(self.ask(method, request, timeout), method, spin)
+
+    async def _called(self, method: str, request: Any, timeout: float) -> Any:
+        try:
+            return await self.channel.call(method, request, timeout)
+        except OSError as exc:
+            raise self._failure(exc) from exc
 
     def ask(self, method: str, request: Any, timeout: float) -> Any:
         """Send the request and return at once; the value goes to `answer`."""
         try:
+            if self._aio:
+                return _held(self._answered(self.channel.ask(method, request, timeout)))
             return self.channel.ask(method, request, timeout)
         except NotLeader as exc:  # the connection's Authenticate met a standby
             raise Retry(f"{self.address}: {exc.message}") from exc
-        except ssl.SSLCertVerificationError as exc:
-            raise tls_refused(self.address, exc) from exc
-        except WrongLayer as exc:
-            raise self._creds.mismatch(self.address, exc.peer_tls) from exc
         except OSError as exc:
-            raise Retry(f"{self.address}: {_why(exc)}") from exc
+            raise self._failure(exc) from exc
 
     def answer(self, asked: Any, method: str, spin: bool = True) -> Any:
         """The reply; with `spin` False (engine transfers are moving), never polled for."""
+        if self._aio:
+            return asked
         try:
             return self.channel.answer(asked, spin)
         except NotLeader as exc:  # a resend's new connection met a standby
             raise Retry(f"{self.address}: {exc.message}") from exc
-        except WrongLayer as exc:
-            raise self._creds.mismatch(self.address, exc.peer_tls) from exc
         except OSError as exc:
-            raise Retry(f"{self.address}: {_why(exc)}") from exc
+            raise self._failure(exc) from exc
+
+    async def _answered(self, asked: Any) -> Any:
+        try:
+            return await self.channel.answer(asked)
+        except NotLeader as exc:  # the connection's Authenticate met a standby
+            raise Retry(f"{self.address}: {exc.message}") from exc
+        except OSError as exc:
+            raise self._failure(exc) from exc
+
+    def _failure(self, exc: OSError) -> Exception:
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            return tls_refused(self.address, exc)
+        if isinstance(exc, WrongLayer):
+            return self._creds.mismatch(self.address, exc.peer_tls)
+        return Retry(f"{self.address}: {_why(exc)}")
 
     def ready(self, asked: Any) -> bool:
         """Whether the reply has begun to arrive (`answer` then waits little if at all)."""
-        return self.channel.ready(asked)
+        return bool(self.channel.ready(asked))
 
     def release(self, lease_id: int, timeout: float) -> None:
-        """A one-way frame: sent now, never answered (a lost one expires by its TTL)."""
-        self.channel.send_oneway("ReleaseLease", pb.ReleaseLeaseRequest(lease_id=lease_id),
-                                 timeout)
+        """A one-way frame: sent now, never answered (a lost one expires by its TTL). An
+        asyncio channel not connected yet sends a whole call, as a task of its own."""
+        req = pb.ReleaseLeaseRequest(lease_id=lease_id)
+        if self.channel.send_oneway("ReleaseLease", req, timeout) or not self._aio:
+            return
+        task = asyncio.ensure_future(self._called("ReleaseLease", req, timeout))
+        self._releasing.add(task)
+        task.add_done_callback(_quietly(self._releasing))
 
-    def close(self) -> None:
-        self.channel.close()
+    def close(self) -> Any:
+        return self.channel.close()
 
 
-Control = GrpcControl | FastControl
+def _quietly(held: set[Any]) -> Any:
+    def done(task: Any) -> None:
+        held.discard(task)
+        _retrieved(task)
+    return done
+
+
+def _retrieved(task: Any) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: nobody may wait for it (no "never retrieved" warning)
+
+
+def _held(answer: Any) -> Any:
+    """An asyncio ask's reply, as a task that runs now: `answer` returns it for the
+    driver to await, and one never awaited (its flow ended first) warns of nothing."""
+    task = asyncio.ensure_future(answer)
+    task.add_done_callback(_retrieved)
+    return task
+
+
+class AsyncGrpcControl(GrpcControl):
+    """GrpcControl over grpc.aio: `call`, `answer` and `close` return awaitables."""
+
+    _aio = True
+
+
+class AsyncFastControl(FastControl):
+    """FastControl over AsyncFastChannel, whose calls share one connection: `call`,
+    `answer` and `close` return awaitables."""
+
+    _aio = True
 
 
 def open_control(record: MasterRecord, transport: Transport, given_up: str = "",
-                 creds: Credentials | None = None) -> Control:
+                 creds: Credentials | None = None, aio: bool = False) -> Control[Any]:
+    """The control channel for this leader record: blocking, or asyncio with `aio`."""
     creds = creds or Credentials()
     kind, address = target(record, transport, given_up)
     tls = uses_tls(record, creds)
-    return (FastControl(address, tls, creds, announced=record.tls) if kind == "fast"
-            else GrpcControl(address, tls, creds))
-
-
-# -- asyncio ----------------------------------------------------------------------------
-
-
-class AsyncGrpcControl:
-    transport = "grpc"
-
-    def __init__(self, address: str, tls: bool = False, creds: Credentials | None = None) -> None:
-        creds = creds or Credentials()
-        self.address = address
-        self._creds, self._tls = creds, tls
-        self._probed = False  # as GrpcControl's
-        self._channel: grpc.aio.Channel = creds.grpc_channel(address, tls, GRPC_OPTIONS, aio=True)
-        self._md = creds.metadata()
-        self._stub = pbg.MasterStub(self._channel)
-
-    async def call(self, method: str, request: Any, timeout: float) -> Any:
-        try:
-            return await getattr(self._stub, method)(request, timeout=timeout, metadata=self._md)
-        except grpc.aio.AioRpcError as exc:
-            code = exc.code().name
-            if code not in RETRIABLE:
-                raise unanswered(method, self.address, code) from exc
-            if self._tls or not self._probed:
-                self._probed = not self._tls
-                peer_tls = await self._wrong_layer(exc)
-                if peer_tls is not None:
-                    raise self._creds.mismatch(self.address, peer_tls) from exc
-            raise Retry(f"{self.address}: {code}") from exc
-
-    async def _wrong_layer(self, exc: grpc.aio.AioRpcError) -> bool | None:
-        """grpc_wrong_layer without blocking the loop."""
-        if exc.code() != grpc.StatusCode.UNAVAILABLE:
-            return None
-        if self._tls:
-            return False if NOT_TLS in (exc.details() or "") else None
-        return True if await speaks_tls_async(self.address, PROBE_TIMEOUT) else None
-
-    def release_oneway(self, lease_id: int) -> bool:
-        return False  # gRPC has no one-way call: the client sends a normal one
-
-    async def close(self) -> None:
-        await self._channel.close()
-
-
-class AsyncFastControl:
-    transport = "fast"
-
-    def __init__(self, address: str, tls: bool = False, creds: Credentials | None = None,
-                 announced: bool | None = None) -> None:
-        self.address = address
-        self._creds = creds or Credentials()
-        self.channel = AsyncFastChannel(address, **_fast_args(address, tls, self._creds,
-                                                              announced))
-
-    async def call(self, method: str, request: Any, timeout: float) -> Any:
-        try:
-            return await self.channel.call(method, request, timeout)
-        except NotLeader as exc:  # the connection's Authenticate met a standby
-            raise Retry(f"{self.address}: {exc.message}") from exc
-        except ssl.SSLCertVerificationError as exc:
-            raise tls_refused(self.address, exc) from exc
-        except WrongLayer as exc:
-            raise self._creds.mismatch(self.address, exc.peer_tls) from exc
-        except OSError as exc:
-            raise Retry(f"{self.address}: {_why(exc)}") from exc
-
-    def release_oneway(self, lease_id: int) -> bool:
-        """Queue a one-way release on the open connection; False when there is none."""
-        return self.channel.send_oneway("ReleaseLease", pb.ReleaseLeaseRequest(lease_id=lease_id))
-
-    async def close(self) -> None:
-        await self.channel.close()
-
-
-AsyncControl = AsyncGrpcControl | AsyncFastControl
-
-
-def open_async_control(record: MasterRecord, transport: Transport, given_up: str = "",
-                       creds: Credentials | None = None) -> AsyncControl:
-    creds = creds or Credentials()
-    kind, address = target(record, transport, given_up)
-    tls = uses_tls(record, creds)
-    return (AsyncFastControl(address, tls, creds, announced=record.tls) if kind == "fast"
-            else AsyncGrpcControl(address, tls, creds))
+    if kind == "fast":
+        return (AsyncFastControl if aio else FastControl)(address, tls, creds,
+                                                          announced=record.tls)
+    return (AsyncGrpcControl if aio else GrpcControl)(address, tls, creds)

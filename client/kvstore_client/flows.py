@@ -111,6 +111,6 @@ def release(lease: Lease, keep_first: int | None) -> Flow[None]:
         req.keep_first_n = keep_first
     yield Rpc("ReleaseLease", req)
     if keep_first is None or keep_first == 0:
-        lease.keys, lease.id = [], 0
+        lease.id = 0  # its keys stay readable: what it pinned
     else:
         lease.keys = lease.keys[:keep_first]

@@ -22,8 +22,9 @@ from kvstore_client.state import DEFAULT_PLACEMENTS, DEFAULT_RESERVE, ClientStat
 class ClientOptions:
     """Where the master is, how bytes move, and what a client keeps.
 
-    `etcd` finds the leader (its record says which channel to use); `master` talks to
-    one master directly over gRPC instead. `timeout` bounds each call, retries
+    `etcd` finds the leader (its record says which channel to use); `master` instead
+    names masters ("h1:50051,h2:50051" or a DNS name), asked who leads, so that the
+    client needs no access to etcd (kvstore_client.discovery). `timeout` bounds each call, retries
     included, and each transfer batch. `replicas`: copies per object (0: the master's
     default). `buffer_size`: the staging buffer for put_many/get_many (it grows for a
     larger object). `host`, `protocol`, `device`: the Transfer Engine's. `same_host`:

@@ -19,9 +19,9 @@ lately, a failed transfer or call, a reply from another leader or with an error,
 object moved, evicted or coming back from SSD, a bad checksum. So do objects over
 SYNC_MAX: their transfer is too long to wait for spinning, which on a small host takes
 the CPU the engine's threads need (the flow polls in pieces and sleeps in between). A
-miss (the master holds no such key) is final here as there. Only the sync client takes
-this path; the async one always runs the flow (its event loop, not the flow, is what a
-call costs there).
+miss (the master holds no such key) is final here as there. Both clients take this
+path: `_read` is the read without its one wait, `read_one` waits spinning (below),
+`read_one_async` on the event loop.
 
 No lease. The question is GetReplicas with `unpinned`: the master pins nothing and
 grants nothing, so there is no lease to give back (a release frame less per get for the
@@ -44,6 +44,9 @@ waited for asleep.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Generator
+from dataclasses import dataclass
 from typing import Any, Final
 
 from kvstore.checksum import matches
@@ -72,11 +75,67 @@ SLOW: Final = Slow()
 SPIN_AFTER: Final = 0.0005
 
 
-def read_one(st: ClientState, control: Any, key: bytes, dest: Dest | None,  # noqa: C901 (hand-inlined on purpose: see the module doc)
+def read_one(st: ClientState, control: Any, key: bytes, dest: Dest | None,
              timeout: float) -> memoryview | Slow | None:
     """Read `key` early into `dest` (the staging buffer when None): the view holding the
     verified object, None for a miss, or SLOW (nothing decided; see the module doc).
-    Raises only what the full flow would raise first (an invalid key)."""
+    Raises only what the full flow would raise first (an invalid key). The blocking
+    driver of `_read`: the reply is awaited spinning (`_await`)."""
+    read = _read(st, control, key, dest, timeout)
+    try:
+        wait = next(read)
+        landed = wait.landed if wait.tid == 0 else _await(st, control, wait.asked, wait.tid,
+                                                          wait.target, wait.size)
+        try:
+            reply = control.answer(wait.asked, "GetReplicas")
+        except (Retry, KVStoreError):
+            reply = None  # the flow calls again
+        read.send((reply, landed))
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("_read waits once")
+
+
+async def read_one_async(st: ClientState, control: Any, key: bytes, dest: Dest | None,
+                         timeout: float) -> memoryview | Slow | None:
+    """`read_one` for an asyncio control channel: the reply is awaited on the loop, then
+    the transfer (started before the ask, so usually landed by then) is looked at, and
+    waited for in a worker thread if it still moves."""
+    read = _read(st, control, key, dest, timeout)
+    try:
+        wait = next(read)
+        try:
+            reply = await control.answer(wait.asked, "GetReplicas")
+        except (Retry, KVStoreError):
+            reply = None
+        landed = wait.landed
+        if wait.tid:
+            landed = _polled(st, wait.tid, wait.target)
+            if landed is None:
+                landed = await asyncio.to_thread(_landed, st, wait.tid, wait.target,
+                                                 wait.size)
+        read.send((reply, landed))
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("_read waits once")
+
+
+@dataclass(slots=True)
+class _Wait:
+    """What `_read` waits for: the reply to `asked`, and the engine transfer `tid` (0: a
+    same-host copy, already `landed`)."""
+
+    asked: Any
+    tid: int
+    target: tuple[str, str]
+    size: int
+    landed: bool | None
+
+
+def _read(st: ClientState, control: Any, key: bytes, dest: Dest | None,  # noqa: C901 (hand-inlined on purpose: see the module doc)
+          timeout: float) -> Generator[_Wait, tuple[Any, bool | None], memoryview | Slow | None]:
+    """`read_one` without its one wait, which it yields: it is sent the reply (None if
+    the call failed) and whether the transfer landed (None: still moving)."""
     if type(key) is not bytes:
         return SLOW  # the flow converts bytearray and memoryview keys
     check_key(key)
@@ -116,16 +175,15 @@ def read_one(st: ClientState, control: Any, key: bytes, dest: Dest | None,  # no
     landed: bool | None = None
     try:
         asked = control.ask("GetReplicas", request, timeout)
+    except (Retry, KVStoreError):
+        pass  # the flow calls again, and retries or reports
+    else:
         if local is not None:
             # Same-host: the copy runs in this thread, so it goes while the master works.
             local.read(dest.addr, seen.addr, size)
             st.stats.local_transfers += 1
             landed = True
-        else:
-            landed = _await(st, control, asked, tid, target, size)
-        reply = control.answer(asked, "GetReplicas")
-    except (Retry, KVStoreError):
-        pass  # the flow calls again, and retries or reports
+        reply, landed = yield _Wait(asked, tid, target, size, landed)
     if landed is None and tid:
         # The ask failed while the bytes moved: wait them out, so that none land in
         # `dest` after the flow took it over. A same-host read started no engine

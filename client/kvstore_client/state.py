@@ -22,6 +22,7 @@ from kvstore_client.clock import MONOTONIC, Clock
 from kvstore_client.control import from_stale_leader
 from kvstore_client.datapath import DataPath
 from kvstore_client.local import LocalSegments
+from kvstore_client.misuse import WrongLeaseContext
 from kvstore_client.placements import DEFAULT_CAPACITY, Placements
 from kvstore_client.reservations import DEFAULT_BUDGET, Reservations
 from kvstore_client.staging import Staging
@@ -33,9 +34,11 @@ DEFAULT_RESERVE = DEFAULT_BUDGET  # bytes of space a client starts ahead for its
 
 @dataclass
 class Lease:
-    """Pins on the first `count` keys of a lookup. Release it (or leave the `with`) once
-    loaded; it expires by itself at `expires_at` (on the client's clock: this host's
-    time.monotonic())."""
+    """Pins on the first `count` keys of a lookup. Release it (or leave the `with`: a
+    plain `with` for a KVStoreClient's lease, `async with` for an AsyncKVStoreClient's)
+    once loaded; it expires by itself at `expires_at` (on the client's clock: this host's
+    time.monotonic()). After a release `keys` still says what it pinned (`id` is 0);
+    after `release(keep_first=n)`, the n keys still pinned."""
 
     id: int
     keys: list[bytes]
@@ -52,6 +55,7 @@ class Lease:
         return self._clock.now() > self.expires_at
 
     def __enter__(self) -> Lease:
+        self._check_with(asynchronous=False)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -60,12 +64,26 @@ class Lease:
                 self._client.release(self)
 
     async def __aenter__(self) -> Lease:
+        self._check_with(asynchronous=True)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         if self._client is not None and self.id:
             with contextlib.suppress(KVStoreError):
                 await self._client.release(self)
+
+    def _check_with(self, asynchronous: bool) -> None:
+        """A lease is released by the client that made it, in that client's kind of
+        `with`: a plain `with` cannot await an asyncio client's release, and an `async
+        with` cannot await a blocking one's."""
+        client = self._client
+        if client is None or client.is_async == asynchronous:
+            return
+        if client.is_async:
+            raise WrongLeaseContext("this lease comes from an AsyncKVStoreClient: use "
+                                    "`async with` (a plain `with` could not release it)")
+        raise WrongLeaseContext("this lease comes from a KVStoreClient: use a plain `with`, "
+                                "not `async with`")
 
 
 class ClientState(DataPath):

@@ -12,27 +12,27 @@ TLS setting that is not the server's raises WrongLayer at once, found out the sa
 from __future__ import annotations
 
 import asyncio
-import ssl
-from typing import cast
+from dataclasses import dataclass
+from typing import Any, cast
 
 from google.protobuf.message import Message
 
-from kvstore.addresses import split_address
-from kvstore.errors import error_for
-from kvstore.rpc.client import PROBE_ID, PROBE_TAG, PROBE_TIMEOUT, WrongLayer
+from kvstore.rpc.client import (
+    PROBE_TIMEOUT,
+    Link,
+    Step,
+    WrongLayer,
+    answers_plaintext,
+    reply_message,
+)
 from kvstore.rpc.framing import (
-    HEADER,
-    HEADER_SIZE,
-    MAX_FRAME,
     ONE_WAY,
-    REPLY_ERROR,
-    REPLY_OK,
     FrameDecoder,
     FrameError,
+    encode,
 )
 from kvstore.rpc.methods import METHODS
 from kvstore.security.tls import speaks_tls_async
-from kvstore.v1 import common_pb2 as cpb
 from kvstore.v1 import master_pb2 as pb
 
 Reply = tuple[int, bytes]  # (tag, payload)
@@ -75,26 +75,13 @@ class _Connection(asyncio.Protocol):
         return self.transport is not None and not self.transport.is_closing()
 
 
-class AsyncFastChannel:
+class AsyncFastChannel(Link):
     """An asyncio connection to one master's fast port, shared by concurrent calls."""
 
-    def __init__(self, address: str, *, max_frame: int = MAX_FRAME,
-                 connect_timeout: float = 2.0, tls: ssl.SSLContext | None = None,
-                 server_hostname: str = "", token: str = "",
-                 plaintext_check: bool = False) -> None:
-        self.address = address
-        self.tls = tls
-        self.plaintext_check = plaintext_check  # see kvstore.rpc.client's module doc
-        self.token = token
-        self.max_frame = max_frame
-        self.connect_timeout = connect_timeout  # at most; a call's own timeout may be less
-        self.connects = 0
-        self.connect_failures = 0  # attempts that failed since the last connection opened
-        self._host, self._port = split_address(address)
-        self._server_hostname = server_hostname or self._host
+    def __init__(self, address: str, **settings: Any) -> None:
+        super().__init__(address, **settings)
         self._conn: _Connection | None = None
         self._connecting: asyncio.Lock | None = None
-        self._next_id = 0
 
     @property
     def connected(self) -> bool:
@@ -104,10 +91,6 @@ class AsyncFastChannel:
         if self._conn is not None and self._conn.transport is not None:
             self._conn.transport.close()
         self._conn = None
-
-    def _request_id(self) -> int:
-        self._next_id = self._next_id % 0xFFFFFFFF + 1
-        return self._next_id
 
     async def _connection(self, timeout: float) -> _Connection:
         conn = self._conn
@@ -119,65 +102,58 @@ class AsyncFastChannel:
             conn = self._conn
             if conn is not None and conn.open:
                 return conn
-            loop = asyncio.get_running_loop()
-            if self.plaintext_check and await self._plaintext_server(timeout):
-                self.connect_failures += 1
-                raise WrongLayer(self.address, peer_tls=False)
-            try:
-                _, fresh = await asyncio.wait_for(loop.create_connection(
-                    lambda: _Connection(self.address, self.max_frame), self._host, self._port,
-                    ssl=self.tls, server_hostname=self._server_hostname if self.tls else None),
-                    min(timeout, self.connect_timeout))
-            except ssl.SSLCertVerificationError:
-                self.connect_failures += 1
-                raise
-            except (OSError, ssl.SSLError) as exc:  # TimeoutError included
-                self.connect_failures += 1
-                if await self._plaintext_server(timeout):
-                    raise WrongLayer(self.address, peer_tls=False) from exc
-                raise
-            if self.token:
+            steps = self.connecting()
+            step = next(steps)
+            throw: BaseException | None
+            while True:  # Link.connecting's steps, each awaited
                 try:
-                    reply = await self._exchange(fresh, "Authenticate",
-                                                 pb.AuthenticateRequest(token=self.token), timeout)
-                except BaseException:
-                    if fresh.transport is not None:
-                        fresh.transport.close()
-                    self.connect_failures += 1
-                    raise
-                if reply.error.code:
-                    if fresh.transport is not None:
-                        fresh.transport.close()
-                    raise error_for(reply.error.code, reply.error.message)
-            self._conn = fresh
-            self.connects += 1
-            self.connect_failures = 0
-            return fresh
+                    outcome = await self._take(step, timeout)
+                except BaseException as exc:
+                    throw, outcome = exc, None
+                else:
+                    throw = None
+                try:
+                    step = steps.send(outcome) if throw is None else steps.throw(throw)
+                except StopIteration as done:
+                    self._conn = done.value
+                    return done.value
 
-    async def _plaintext_server(self, timeout: float) -> bool:
-        if self.tls is None:
-            return False
-        try:
-            async with asyncio.timeout(min(timeout, PROBE_TIMEOUT)):
-                reader, writer = await asyncio.open_connection(self._host, self._port)
-                try:
-                    writer.write(HEADER.pack(0, PROBE_ID, PROBE_TAG))
-                    data = await reader.readexactly(HEADER_SIZE)
-                finally:
-                    writer.close()
-        except (OSError, TimeoutError, asyncio.IncompleteReadError):
-            return False
-        _, request_id, tag = HEADER.unpack(data)
-        return request_id == PROBE_ID and tag in (REPLY_OK, REPLY_ERROR)
+    async def _take(self, step: Step, timeout: float) -> Any:
+        """One step of `connecting`, on the loop (the probes in a worker thread)."""
+        what, conn = step
+        if what == "open":
+            loop = asyncio.get_running_loop()
+            _, fresh = await asyncio.wait_for(loop.create_connection(
+                lambda: _Connection(self.address, self.max_frame), self._host, self._port,
+                ssl=self.tls, server_hostname=self._server_hostname if self.tls else None),
+                min(timeout, self.connect_timeout))
+            return fresh
+        if what == "authenticate":
+            return await self.answer(self._send(
+                conn, "Authenticate", pb.AuthenticateRequest(token=self.token), timeout))
+        if what == "drop":
+            return conn.transport and conn.transport.close()
+        if what == "tls?":
+            return await speaks_tls_async(self.address, PROBE_TIMEOUT)
+        return await asyncio.to_thread(answers_plaintext, self.address,
+                                       min(timeout, PROBE_TIMEOUT))
 
     async def call(self, method: str, request: Message, timeout: float) -> Message:
         """Like FastChannel.call; other calls proceed on the same connection meanwhile."""
-        return await self._exchange(await self._connection(timeout), method, request, timeout)
+        return await self.answer(self._send(await self._connection(timeout), method, request,
+                                            timeout))
 
-    async def _exchange(self, conn: _Connection, method: str, request: Message,
-                        timeout: float) -> Message:
+    def ask(self, method: str, request: Message, timeout: float) -> Asked:
+        """Send on the open connection and return at once (ConnectionResetError when
+        there is none: the caller makes the whole `call`); `answer` awaits the reply."""
+        conn = self._conn
+        if conn is None or not conn.open:
+            raise ConnectionResetError(f"no open connection to {self.address}")
+        return self._send(conn, method, request, timeout)
+
+    def _send(self, conn: _Connection, method: str, request: Message,
+              timeout: float) -> Asked:
         spec = METHODS[method]
-        payload = request.SerializeToString()
         transport = conn.transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError(f"the connection to {self.address} was lost")
@@ -186,31 +162,42 @@ class AsyncFastChannel:
         fut: asyncio.Future[Reply] = loop.create_future()
         conn.pending[request_id] = fut
         timer = loop.call_later(timeout, _expire, fut)
+        transport.write(encode(request_id, spec.id, request.SerializeToString()))
+        return Asked(conn, request_id, fut, timer, spec.response)
+
+    async def answer(self, asked: Asked) -> Message:
+        """The reply to what `ask` sent (the errors of `call`)."""
         try:
-            transport.write(HEADER.pack(len(payload), request_id, spec.id) + payload)
-            tag, body = await fut
+            tag, body = await asked.reply
         except ConnectionError as exc:
             # Closed before a single reply: a TLS server given a plaintext request does so.
-            if self.tls is None and not conn.replied and \
+            if self.tls is None and not asked.conn.replied and \
                     await speaks_tls_async(self.address, PROBE_TIMEOUT):
                 raise WrongLayer(self.address, peer_tls=True) from exc
             raise
         finally:
-            timer.cancel()
-            conn.pending.pop(request_id, None)
-        if tag == REPLY_OK:
-            return spec.response.FromString(body)
-        error = cpb.Error.FromString(body)
-        raise error_for(error.code, error.message)
+            asked.timer.cancel()
+            asked.conn.pending.pop(asked.request_id, None)
+        return reply_message(asked.response, tag, body)
 
-    def send_oneway(self, method: str, request: Message) -> bool:
+    def send_oneway(self, method: str, request: Message, timeout: float = 0.0) -> bool:
         """Queue a one-way request on the open connection; False if there is none."""
         conn = self._conn
         if conn is None or not conn.open or conn.transport is None:
             return False
-        payload = request.SerializeToString()
-        conn.transport.write(HEADER.pack(len(payload), ONE_WAY, METHODS[method].id) + payload)
+        conn.transport.write(encode(ONE_WAY, METHODS[method].id, request.SerializeToString()))
         return True
+
+
+@dataclass(slots=True)
+class Asked:
+    """A request sent by `AsyncFastChannel.ask` whose reply is not awaited yet."""
+
+    conn: _Connection
+    request_id: int
+    reply: asyncio.Future[Reply]
+    timer: asyncio.TimerHandle
+    response: type[Message]
 
 
 def _expire(fut: asyncio.Future[Reply]) -> None:

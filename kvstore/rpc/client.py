@@ -41,7 +41,7 @@ import select
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,7 @@ from kvstore.rpc.framing import (
     ONE_WAY,
     REPLY_ERROR,
     REPLY_OK,
+    encode,
 )
 from kvstore.rpc.methods import BY_ID, METHODS
 from kvstore.security.tls import speaks_tls
@@ -100,6 +101,14 @@ def answers_plaintext(address: str, timeout: float) -> bool:
     return request_id == PROBE_ID and tag in (REPLY_OK, REPLY_ERROR)
 
 
+def reply_message(response: type[Message], tag: int, body: bytes) -> Message:
+    """A reply frame's message, or the typed error of a REPLY_ERROR frame."""
+    if tag == REPLY_OK:
+        return response.FromString(body)
+    error = cpb.Error.FromString(body)
+    raise error_for(error.code, error.message)
+
+
 @dataclass(slots=True)
 class Asked:
     """A request sent by `FastChannel.ask` whose reply is not read yet."""
@@ -110,18 +119,20 @@ class Asked:
     sock: socket.socket
 
 
-class FastChannel:
-    """A blocking connection to one master's fast port. Not thread-safe."""
+Step = tuple[str, Any]  # one step of Link.connecting: (what, the connection or None)
+
+
+class Link:
+    """What both fast channels are before any I/O: the settings and counters, request
+    ids, and the connect sequence (`connecting`), which each channel runs its own way."""
 
     def __init__(self, address: str, *, max_frame: int = MAX_FRAME,
                  connect_timeout: float = 2.0, tls: ssl.SSLContext | None = None,
-                 server_hostname: str = "", token: str = "", spin: float = 0.0,
+                 server_hostname: str = "", token: str = "",
                  plaintext_check: bool = False) -> None:
         self.address = address
-        self.spin = spin  # seconds to poll for a reply before sleeping in recv
         self.tls = tls
         self.plaintext_check = plaintext_check  # see the module doc
-        self._replied = False  # a reply came on the current connection
         self.token = token
         self.max_frame = max_frame
         self.connect_timeout = connect_timeout  # at most; a call's own timeout may be less
@@ -129,10 +140,60 @@ class FastChannel:
         self.connect_failures = 0  # attempts that failed since the last connection opened
         self._host, self._port = split_address(address)
         self._server_hostname = server_hostname or self._host
+        self._next_id = 0
+
+    def _request_id(self) -> int:
+        self._next_id = self._next_id % 0xFFFFFFFF + 1  # 1 .. 2**32-1; 0 is one-way
+        return self._next_id
+
+    def connecting(self) -> Generator[Step, Any, Any]:
+        """A new connection, as steps for the channel to take and send back the outcome
+        of: ("plaintext?", None) whether a plaintext server answers (a TLS channel's
+        probe), ("tls?", None) whether a TLS one does, ("open", None) the connection
+        (TCP, and the TLS handshake), ("authenticate", conn) the master's
+        AuthenticateResponse, ("drop", conn) close it. Returns the connection."""
+        if self.plaintext_check and self.tls is not None and (yield ("plaintext?", None)):
+            self.connect_failures += 1
+            raise WrongLayer(self.address, peer_tls=False)
+        try:
+            conn = yield ("open", None)
+        except ssl.SSLCertVerificationError:
+            self.connect_failures += 1
+            raise  # a TLS server, with a certificate we do not trust
+        except OSError as exc:  # refused, reset, SSLError, EOF, the handshake timing out
+            self.connect_failures += 1
+            if self.tls is not None and (yield ("plaintext?", None)):
+                raise WrongLayer(self.address, peer_tls=False) from exc
+            raise
+        if self.token:
+            try:
+                reply = yield ("authenticate", conn)
+            except BaseException as exc:
+                yield ("drop", conn)
+                self.connect_failures += 1
+                # A TLS server given a plaintext request closes the connection.
+                if self.tls is None and isinstance(exc, ConnectionError) and \
+                        not isinstance(exc, WrongLayer) and (yield ("tls?", None)):
+                    raise WrongLayer(self.address, peer_tls=True) from exc
+                raise
+            if reply.error.code:
+                yield ("drop", conn)
+                raise error_for(reply.error.code, reply.error.message)
+        self.connects += 1
+        self.connect_failures = 0
+        return conn
+
+
+class FastChannel(Link):
+    """A blocking connection to one master's fast port. Not thread-safe."""
+
+    def __init__(self, address: str, *, spin: float = 0.0, **settings: Any) -> None:
+        super().__init__(address, **settings)
+        self.spin = spin  # seconds to poll for a reply before sleeping in recv
+        self._replied = False  # a reply came on the current connection
         self._sock: socket.socket | None = None
         self._rest = b""  # bytes read past a reply: the start of the next one (asked already)
-        self._next_id = 0
-        self._send_flags = 0 if tls else _MORE  # SSL sockets take no send flags
+        self._send_flags = 0 if self.tls else _MORE  # SSL sockets take no send flags
 
     @property
     def connected(self) -> bool:
@@ -144,14 +205,6 @@ class FastChannel:
             sock, self._sock = self._sock, None
             sock.close()
 
-    def _request_id(self) -> int:
-        self._next_id = self._next_id % 0xFFFFFFFF + 1  # 1 .. 2**32-1; 0 is one-way
-        return self._next_id
-
-    def _plaintext_server(self, timeout: float) -> bool:
-        return self.tls is not None and answers_plaintext(self.address,
-                                                          min(timeout, PROBE_TIMEOUT))
-
     def _tls_server(self, exc: BaseException) -> bool:
         """After a plaintext connection ended before any reply: is a TLS server there?"""
         return (self.tls is None and not self._replied and isinstance(exc, ConnectionError)
@@ -159,58 +212,48 @@ class FastChannel:
 
     def _connection(self, timeout: float) -> socket.socket:
         if self._sock is None:
-            if self.plaintext_check and self._plaintext_server(timeout):
-                self.connect_failures += 1
-                raise WrongLayer(self.address, peer_tls=False)
-            try:
-                sock = socket.create_connection((self._host, self._port),
-                                                timeout=min(timeout, self.connect_timeout))
-            except OSError:
-                self.connect_failures += 1
-                raise
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._replied = False
-            try:
-                if self.tls is not None:
-                    sock = self._handshake(sock, timeout)
-                if self.token:
-                    self._authenticate(sock, timeout)
-            except BaseException as exc:
-                sock.close()
-                self.connect_failures += 1
-                if self._tls_server(exc):
-                    raise WrongLayer(self.address, peer_tls=True) from exc
-                raise
-            self._sock = sock
-            self.connects += 1
-            self.connect_failures = 0
+            steps, outcome, error = self.connecting(), None, None
+            while True:
+                try:
+                    step = steps.send(outcome) if error is None else steps.throw(error)
+                except StopIteration as done:
+                    self._sock = done.value
+                    break
+                outcome, error = None, None
+                try:
+                    outcome = self._take(step, timeout)
+                except BaseException as exc:
+                    error = exc
         return self._sock
 
-    def _handshake(self, sock: socket.socket, timeout: float) -> socket.socket:
-        assert self.tls is not None
-        try:
-            return self.tls.wrap_socket(sock, server_hostname=self._server_hostname)
-        except ssl.SSLCertVerificationError:
-            raise  # a TLS server, with a certificate we do not trust
-        except OSError as exc:  # SSLError, EOF, reset, the handshake timing out
-            if self._plaintext_server(timeout):
-                raise WrongLayer(self.address, peer_tls=False) from exc
-            raise
-
-    def _authenticate(self, sock: socket.socket, timeout: float) -> None:
-        spec = METHODS["Authenticate"]
-        payload = pb.AuthenticateRequest(token=self.token).SerializeToString()
-        request_id = self._request_id()
-        sock.settimeout(timeout)
-        sock.sendall(HEADER.pack(len(payload), request_id, spec.id) + payload)
-        tag, body = self._reply(sock, request_id, time.monotonic() + timeout)
-        self._replied = True
-        if tag != REPLY_OK:
-            error = cpb.Error.FromString(body)
-            raise error_for(error.code, error.message)
-        reply = pb.AuthenticateResponse.FromString(body)
-        if reply.error.code:
-            raise error_for(reply.error.code, reply.error.message)
+    def _take(self, step: Step, timeout: float) -> Any:
+        """One step of `connecting`, blocking."""
+        what, sock = step
+        if what == "open":
+            sock = socket.create_connection((self._host, self._port),
+                                            timeout=min(timeout, self.connect_timeout))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.tls is None:
+                return sock
+            try:
+                return self.tls.wrap_socket(sock, server_hostname=self._server_hostname)
+            except BaseException:
+                sock.close()
+                raise
+        if what == "authenticate":
+            payload = pb.AuthenticateRequest(token=self.token).SerializeToString()
+            request_id = self._request_id()
+            sock.settimeout(timeout)
+            sock.sendall(encode(request_id, METHODS["Authenticate"].id, payload))
+            tag, body = self._reply(sock, request_id, time.monotonic() + timeout)
+            self._replied = True
+            return reply_message(pb.AuthenticateResponse, tag, body)
+        if what == "drop":
+            return sock.close()
+        if what == "tls?":
+            return speaks_tls(self.address, PROBE_TIMEOUT)
+        return answers_plaintext(self.address, min(timeout, PROBE_TIMEOUT))
 
     def call(self, method: str, request: Message, timeout: float, spin: bool = True) -> Message:
         """Send `request` to `method` and return its reply message.
@@ -234,7 +277,7 @@ class FastChannel:
         try:
             sock = self._connection(timeout)
             sock.settimeout(timeout)
-            sock.sendall(HEADER.pack(len(payload), request_id, spec.id) + payload)
+            sock.sendall(encode(request_id, spec.id, payload))
         except BaseException:
             self.close()
             raise
@@ -254,10 +297,7 @@ class FastChannel:
                 raise WrongLayer(self.address, peer_tls=True) from exc
             raise
         self._replied = True
-        if tag == REPLY_OK:
-            return asked.response.FromString(body)
-        error = cpb.Error.FromString(body)
-        raise error_for(error.code, error.message)
+        return reply_message(asked.response, tag, body)
 
     def ready(self, asked: Asked) -> bool:
         """Whether `answer(asked)` can start reading at once: bytes of a reply are here

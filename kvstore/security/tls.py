@@ -136,18 +136,5 @@ def speaks_tls(address: str, timeout: float) -> bool:
 
 
 async def speaks_tls_async(address: str, timeout: float) -> bool:
-    """`speaks_tls` for an event loop."""
-    try:
-        async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_connection(*_split(address))
-            try:
-                writer.write(_client_hello())
-                await writer.drain()
-                data = await reader.read(8)
-                if len(data) == 1:
-                    data += await reader.read(1)
-            finally:
-                writer.close()
-    except (OSError, ValueError, TimeoutError):
-        return False
-    return looks_like_tls(data)
+    """`speaks_tls` for an event loop: the same probe, in a worker thread."""
+    return await asyncio.to_thread(speaks_tls, address, timeout)

@@ -98,8 +98,7 @@ def test_fast_and_grpc_give_identical_results(cluster: Cluster) -> None:
 
 def test_an_unreachable_fast_port_falls_back_to_grpc(cluster: Cluster,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    import kvstore_client.aio
-    import kvstore_client.client
+    import kvstore_client.session
 
     closed = socket.create_server(("127.0.0.1", 0))  # a port nobody will answer on
     dead = f"127.0.0.1:{closed.getsockname()[1]}"
@@ -109,8 +108,8 @@ def test_an_unreachable_fast_port_falls_back_to_grpc(cluster: Cluster,
     def firewalled(*_: Any) -> MasterRecord:
         return MasterRecord(real.master_id, real.address, real.pid, real.metrics, fast=dead)
 
-    monkeypatch.setattr(kvstore_client.client, "discover_record", firewalled)
-    monkeypatch.setattr(kvstore_client.aio, "discover_record", firewalled)
+    # Both drivers learn the leader through the shared layer's one seam.
+    monkeypatch.setattr(kvstore_client.session, "discover_record", firewalled)
     with KVStoreClient(etcd=cluster.etcd, timeout=10) as c:
         assert c.master_address == dead
         c.put(b"fw", b"through grpc")

@@ -25,6 +25,7 @@ from kvstore.v1 import master_pb2 as pb
 from kvstore_client import AsyncKVStoreClient, KVStoreClient, datapath, placements
 from kvstore_client.datapath import Xfer
 from kvstore_client.local import LocalSegment
+from kvstore_client.ops import Sleep
 from kvstore_client.staging import Staging
 from kvstore_client.state import ClientState
 
@@ -245,6 +246,17 @@ class FakeMaster:
         self.leases.pop(lease_id, None)
 
 
+def io(fn: Any) -> Any:
+    """`fn` as a generator function that yields nothing: a seam of the shared client
+    layer (session.py), answered in place."""
+
+    def steps(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+        yield
+
+    return steps
+
+
 class Rig:
     def __init__(self) -> None:
         self.trace: list[tuple[Any, ...]] = []
@@ -256,10 +268,12 @@ class Rig:
                                  self.local, "writer-1", 0)  # type: ignore[arg-type]
         self.client = KVStoreClient.__new__(KVStoreClient)
         self.client._state = self.state
-        self.client._call = self.call  # type: ignore[method-assign]
-        self.client._ask = self.ask  # type: ignore[method-assign]
-        self.client._answer = self.answer  # type: ignore[method-assign]
-        self.client._release_async = self.master.release  # type: ignore[method-assign]
+        # The shared layer's seams (session.py) are generators of I/O steps; these answer
+        # at once, with no step.
+        self.client._rpc = io(self.call)  # type: ignore[method-assign]
+        self.client._ask = io(self.ask)  # type: ignore[method-assign]
+        self.client._answer = io(self.answer)  # type: ignore[method-assign]
+        self.client._release = io(self.master.release)  # type: ignore[method-assign]
         # No control channel: single gets run the flow too (quick.py has its own tests).
         self.client._control = None
         self.client._later = None
@@ -350,7 +364,7 @@ class DriverRig(Rig):
     def __init__(self) -> None:
         super().__init__()
         c = self.client
-        for patched in ("_call", "_ask", "_answer", "_release_async"):
+        for patched in ("_rpc", "_ask", "_answer", "_release"):
             delattr(c, patched)
         c._control = FakeControl(self.master)  # type: ignore[assignment]
         c.timeout = 5.0
@@ -604,11 +618,11 @@ def test_async_client_pipelines_and_waits_the_same_way(rig: Rig) -> None:
     client = AsyncKVStoreClient.__new__(AsyncKVStoreClient)
     client._state = rig.state
 
-    async def call(method: str, request: Any) -> Any:
+    def call(method: str, request: Any, spin: bool = True) -> Any:
         return rig.master.call(method, request)
 
-    client._call = call  # type: ignore[method-assign]
-    client._release_later = rig.master.release  # type: ignore[method-assign]
+    client._rpc = io(call)  # type: ignore[method-assign]
+    client._release = io(rig.master.release)  # type: ignore[method-assign]
     n, size = 8, 8 * KiB
     keys = [f"a{i}".encode() for i in range(n)]
     values = _values(n, size, seed=11)
@@ -777,13 +791,13 @@ def test_the_async_client_reads_early_the_same_way(rig: Rig) -> None:
     client._state = rig.state
     asked: list[str] = []
 
-    async def call(method: str, request: Any) -> Any:
+    def call(method: str, request: Any, spin: bool = True) -> Any:
         asked.append(method)
-        await asyncio.sleep(0.01)  # the reply comes while the bytes move
+        yield Sleep(0.01)  # the reply comes while the bytes move
         return rig.master.call(method, request)
 
-    client._call = call  # type: ignore[method-assign]
-    client._release_later = rig.master.release  # type: ignore[method-assign]
+    client._rpc = call  # type: ignore[method-assign]
+    client._release = io(rig.master.release)  # type: ignore[method-assign]
     keys, values, _, dst = _put_small(rig, prefix="x")
     _move(rig, keys[0], values[0])
 

@@ -166,7 +166,8 @@ def test_unknown_keys_and_unread_replies_go_through_the_flow(
 
     monkeypatch.setattr(quick, "read_one", spy)
     then: list[Any] = []
-    rig.client._send_later("GetReplicas", pb.GetReplicasRequest(keys=[b"k"]), then.append)
+    rig.client._drive(rig.client._send_later("GetReplicas", pb.GetReplicasRequest(keys=[b"k"]),
+                                             then.append))
     assert rig.client.get(b"k") == value
     assert calls == [] and len(then) == 1 and rig.client._later is None
     assert rig.client.get(b"k") == value

@@ -19,7 +19,15 @@ from kvstore.errors import Code
 from kvstore.v1 import master_pb2 as pb
 from kvstore_client import AsyncKVStoreClient, datapath, reservations
 from kvstore_client.reservations import DEPTH, Reservations
-from tests.unit.test_client_data_path import DriverRig, KiB, Rig, _buffers, _slices, small_thresholds
+from tests.unit.test_client_data_path import (
+    DriverRig,
+    FakeControl,
+    KiB,
+    Rig,
+    _buffers,
+    _slices,
+    small_thresholds,
+)
 
 SIZE = 4 * KiB
 
@@ -36,7 +44,7 @@ class ReservingRig(DriverRig):
         """Read the reply of the Later call in flight, as the driver does before its next
         control call."""
         if self.client._later is not None:
-            self.client._settle_later()
+            self.client._drive(self.client._settle_later())
 
     def placeholders(self) -> list[bytes]:
         return [k for k in self.master.pending if k.startswith(reservations.PREFIX)]
@@ -258,19 +266,36 @@ def test_a_commit_from_a_new_leader_is_not_learned_as_a_placement(rig: Reserving
     assert all(rig.state.placements.recall([k]) is None for k in keys)
 
 
+class AsyncFakeControl(FakeControl):
+    """FakeControl for the asyncio driver: its replies are awaited (after a turn of the
+    loop), and `methods` lists every request sent."""
+
+    def __init__(self, master: Any, methods: list[str]) -> None:
+        super().__init__(master)
+        self.methods = methods
+
+    def ask(self, method: str, request: Any, timeout: float) -> Any:
+        self.methods.append(method)
+        return super().ask(method, request, timeout)
+
+    async def call(self, method: str, request: Any, timeout: float,  # type: ignore[override]
+                   spin: bool = True) -> Any:
+        return await self.answer(self.ask(method, request, timeout), method, spin)
+
+    async def answer(self, asked: Any, method: str,  # type: ignore[override]
+                     spin: bool = True) -> Any:
+        await asyncio.sleep(0)
+        return FakeControl.answer(self, asked, method, spin)
+
+
 def test_the_async_client_commits_in_one_call_too(rig: ReservingRig) -> None:
     client = AsyncKVStoreClient.__new__(AsyncKVStoreClient)
     client._state = rig.state
     client._background = set()
     methods: list[str] = []
 
-    async def call(method: str, request: Any) -> Any:
-        methods.append(method)
-        await asyncio.sleep(0)
-        return rig.master.call(method, request)
-
-    client._call = call  # type: ignore[method-assign]
-    client._release_later = rig.master.release  # type: ignore[method-assign]
+    client._control = AsyncFakeControl(rig.master, methods)
+    client.timeout = 5.0
     keys, values = _batch("a")
     keys1, values1 = _batch("a1")
     keys2, values2 = _batch("b")
