@@ -27,11 +27,11 @@ class KVStoreClient(Session):
     """Blocking client. Not thread-safe: use one per thread (or AsyncKVStoreClient).
 
     `KVStoreClient(etcd="127.0.0.1:2379")` finds the leader through etcd;
-    `KVStoreClient(master="127.0.0.1:50051")` talks to one master directly.
-    On the same host as a store node it maps that node's segment and copies directly
-    (`same_host=False` turns this off); elsewhere bytes go over the Transfer Engine.
-    Control calls take the master's fast channel when its etcd record announces one
-    (`transport="grpc"` forces gRPC; a fixed `master=` address is always gRPC).
+    `KVStoreClient(master="h1:50051,h2:50051")` asks those masters who leads, and needs
+    no access to etcd. With `etcd=`, on the same host as a store node it maps that
+    node's segment and copies directly (`same_host=False` turns this off); elsewhere
+    bytes go over the Transfer Engine. Control calls take the master's fast channel
+    when the leader announces one (`transport="grpc"` forces gRPC).
     Every setting is a keyword argument, or comes in `options=ClientOptions(...)`
     (options.py says what each one does). `phase_timer`: see session.Session.
     """
