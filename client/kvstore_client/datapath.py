@@ -59,7 +59,7 @@ class Ticket:
         self.write = write
         self.deadline = 0.0
         self.pending: list[tuple[int, Target, list[Xfer], int]] = []
-        self.local: list[tuple[LocalSegment, list[Xfer]]] = []
+        self.local: list[tuple[Target, LocalSegment, list[Xfer]]] = []
         self.small: list[tuple[Target, list[Xfer]]] = []
         self.failed: dict[Target, KVStoreError] = {}
         self.total = 0
@@ -152,7 +152,7 @@ class DataPath:
             local = self.local.get(*target)
             if local is not None and all(local.contains(x.remote, x.size) for x in items):
                 self._local_known[target] = True
-                t.local.append((local, items))
+                t.local.append((target, local, items))
             else:
                 self._local_known[target] = False
                 remote.append((target, items))
@@ -192,7 +192,16 @@ class DataPath:
 
     def _finish(self, t: Ticket, sleep: Callable[[float], None]) -> None:  # noqa: C901 (one poll loop over every piece state; split, the states scatter)
         write, failed = t.write, t.failed
-        for local, items in t.local:
+        for target, local, items in t.local:
+            if write and not local.alive():
+                # Nothing copied: a killed node's segment stays mapped here, and the put
+                # would wait for a record that never comes. Not Unsettled: no byte moved.
+                failed[target] = Unavailable(
+                    f"store node {target[1]} on this host is not running (killed or "
+                    "restarted); put again: the master places it elsewhere")
+                self.local.forget(*target)
+                self._local_known.pop(target, None)
+                continue
             for x in items:
                 if write:
                     local.write(x.remote, x.local, x.size)

@@ -76,7 +76,8 @@ class MasterDaemon:
         self.election = Election(self.etcd, self.layout, self.record, ttl=opts.etcd_lease_ttl)
         self.auth = Authenticator(self.security.access)
         self.service = MasterService(self.core, self.election, self.metrics, self.auth)
-        self.links = NodeLinks(lambda: self.election.epoch, self.security)
+        self.links = NodeLinks(lambda: self.election.epoch, self.security,
+                               lambda node, answers: self.core.set_unresponsive(node, not answers))
         self.recorder = Recorder(lambda: self.core.take_replica_changes(), self.links,
                                  opts.ack_timeout, self._dram_base)
         self.service.recorder = self.recorder.record

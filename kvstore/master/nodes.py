@@ -65,9 +65,14 @@ class _Link:
 
 
 class NodeLinks:
-    def __init__(self, epoch: Callable[[], int], security: DaemonSecurity | None = None) -> None:
+    def __init__(self, epoch: Callable[[], int], security: DaemonSecurity | None = None,
+                 on_health: Callable[[str, bool], None] | None = None) -> None:
+        """`on_health(node, answers)`: called when a node misses a delta (False: no
+        placements there, see MasterCore.set_unresponsive) and when one lands again."""
         self._epoch = epoch
         self._security = security or DaemonSecurity()
+        self.on_health = on_health
+        self.down: set[str] = set()  # nodes whose last Apply failed
         self._links: dict[str, _Link] = {}
         self.deltas_sent = 0
         self.deltas_dropped = 0
@@ -90,6 +95,7 @@ class NodeLinks:
             link.fast = self._delta_client(deltas, tls)
         link.sender = asyncio.ensure_future(self._send_loop(node_id, link))
         self._links[node_id] = link
+        self._healthy(node_id, True)  # a new incarnation, or a new address: a fresh start
 
     def _delta_client(self, address: str, tls: bool) -> DeltaClient:
         # TLS as for the node's gRPC service (DaemonSecurity.channel).
@@ -99,7 +105,21 @@ class NodeLinks:
         return DeltaClient(address, peer.ssl_context(), peer.hostname(split_address(address)[0]),
                            self._security.token)
 
+    def _healthy(self, node_id: str, answers: bool) -> None:
+        if answers == (node_id not in self.down):
+            return
+        if answers:
+            self.down.discard(node_id)
+            log.info("node %s answers again: placements resume", node_id)
+        else:
+            self.down.add(node_id)
+            log.warning("node %s missed an inventory delta: no placements there until "
+                        "one lands", node_id)
+        if self.on_health is not None:
+            self.on_health(node_id, answers)
+
     def drop_node(self, node_id: str) -> None:
+        self.down.discard(node_id)
         link = self._links.pop(node_id, None)
         if link is not None:
             self._retire(link, Applied.GONE)
@@ -201,6 +221,7 @@ class NodeLinks:
                 outcome = await self._apply(node_id, link, changes)
                 if outcome is Applied.YES:
                     failures = 0
+                    self._healthy(node_id, True)
                     link.applied = upto
                     self._wake_waiters(link, Applied.YES)
                 elif outcome is Applied.STALE:
@@ -211,6 +232,7 @@ class NodeLinks:
                 else:
                     # Sent again first, in order, with whatever was queued meanwhile.
                     link.changes[:0] = changes
+                    self._healthy(node_id, False)
                     failures += 1
                     await asyncio.sleep(min(RETRY_MAX, 0.05 * (2 ** min(failures, 5))))
             # Waiters for deltas a trim dropped (MAX_QUEUED) would wait forever.
@@ -295,3 +317,4 @@ class NodeLinks:
             if link.fast is not None:
                 await link.fast.close()
         self._links.clear()
+        self.down.clear()

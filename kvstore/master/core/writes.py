@@ -249,6 +249,9 @@ class Writes:
 
     def _no_segment_message(self) -> str:
         state = self._state
+        if state.unresponsive and state.segments.tier(DRAM):
+            return ("no store node with a DRAM segment answers the master (each missed its "
+                    "last record: down or unreachable); retry once one is back, or add a node")
         if state.draining and state.segments.tier(DRAM):
             return ("every store node with a DRAM segment is draining; undrain one "
                     "(kvstore drain NODE --cancel) or add a node")
