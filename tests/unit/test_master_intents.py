@@ -265,3 +265,30 @@ def test_changes_apply_in_the_leaders_order() -> None:
         assert inv.dram() == [(b"b", Held(64, 10, checksum(b"e" * 10), 1))]
         segment.close()
     run(main())
+
+
+def test_a_node_whose_delta_fails_is_reported_down_until_one_lands() -> None:
+    async def main() -> None:
+        import grpc
+
+        health: list[tuple[str, bool]] = []
+        links, _ = links_with("a")
+        links.on_health = lambda n, ok: health.append((n, ok))
+        failures = [2]
+
+        class Dead:
+            async def Apply(self, request: spb.ApplyRequest, timeout: float) -> spb.ApplyResponse:
+                if failures[0]:
+                    failures[0] -= 1
+                    raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None)  # type: ignore[arg-type]
+                return spb.ApplyResponse()
+
+        links._links["a"].stub = Dead()  # type: ignore[assignment]
+        rec = Recorder(taker([]), links, 30, lambda _n: BASE)
+        rec.record("PutStart", pb.PutStartResponse(), {}, [placed(b"k", 0, "a")])
+        await wait_until_async(lambda: health == [("a", False)], what="a reported down")
+        assert links.down == {"a"}
+        await wait_until_async(lambda: links._links["a"].applied == 1, what="a answers again")
+        assert health == [("a", False), ("a", True)] and not links.down
+        await links.close()
+    run(main())
