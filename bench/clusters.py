@@ -32,8 +32,22 @@ from kvstore.devcluster import DevCluster, UpOptions, free_port, wait_for_port
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
 
-# The Transfer Engine's TCP transport binds here when told; the namespace is the real fence.
-MOONCAKE_ENV = {"MC_TCP_BIND_ADDRESS": "127.0.0.1"}
+# The Transfer Engine's settings for every process of either system that runs one (the
+# benchmarks pass these to Mooncake's node and clients and to our clients; our store node
+# inherits the orchestrator's environment, see `engine_pool`). Its TCP transport binds
+# here when told; the namespace is the real fence. Connection reuse is on for both by
+# default, like with like: our engine turns it on unless the operator set it
+# (kvstore/transfer.py), Mooncake's default opens a connection per transfer.
+POOL_ENV = "MC_TCP_ENABLE_CONNECTION_POOL"
+MOONCAKE_ENV = {"MC_TCP_BIND_ADDRESS": "127.0.0.1", POOL_ENV: "1"}
+
+
+def engine_pool(on: bool) -> None:
+    """Both systems' engines reuse their TCP connections (on) or open one per transfer
+    (off, the engine's own default), whoever starts them from this process from now on."""
+    value = "1" if on else "0"
+    MOONCAKE_ENV[POOL_ENV] = value
+    os.environ[POOL_ENV] = value  # our store node and clients: the operator's value wins
 
 
 class _Signals:
@@ -105,11 +119,13 @@ def wait_mounted(master: str, nodes: int, procs: list[subprocess.Popen[bytes]],
 
 @contextlib.contextmanager
 def ours(tmp: Path, dram: str = "2GiB", nodes: int = 1,
-         master_args: list[str] | None = None) -> Iterator[OursCluster]:
+         master_args: list[str] | None = None,
+         store_args: list[str] | None = None) -> Iterator[OursCluster]:
     # Open (no TLS, no tokens), like Mooncake Store, which has neither: the comparison
     # is of the data and control paths. It also writes no credentials file.
     opts = UpOptions(data_dir=tmp / "ours", nodes=nodes, dram=dram, etcd_port=free_port(),
                      master_port=free_port(), extra_master_args=list(master_args or []),
+                     extra_store_args=list(store_args or []),
                      secure=False)
     dev = DevCluster(opts)
     logs = opts.data_dir / "logs"
@@ -117,7 +133,9 @@ def ours(tmp: Path, dram: str = "2GiB", nodes: int = 1,
         dev.start()
         master = f"127.0.0.1:{opts.master_port}"
         try:
-            wait_mounted(master, nodes, [p for _, p in dev.procs])
+            # A node with an SSD tier mounts two segments.
+            segments = nodes * (2 if "--ssd-dir" in (store_args or []) else 1)
+            wait_mounted(master, segments, [p for _, p in dev.procs])
         except RuntimeError as exc:
             tails = "\n".join(log_tail(logs / f"{name}.log") for name, _ in dev.procs)
             raise RuntimeError(f"{exc}\n{tails}") from None

@@ -19,7 +19,8 @@ that, per request, does lookup -> read the hit prefix -> put the rest -> release
    evictable object is evicted first (`_evict_for`); with nothing evictable the put
    fails (STORE_FULL) and the key stays absent.
    After the batch, when occupancy is above the high watermark, objects are evicted
-   oldest first until it is at or below the low watermark (`_evict_to_watermark`).
+   oldest first until it is at or below the low watermark, at most `batch`
+   (evict_batch) of them in one round (`_evict_to_watermark`).
 3. PutEnd commits the new keys: they join the most-recent end of the LRU, in order.
 4. Release unpins the prefix: it rejoins the most-recent end, in order, after the
    new keys.
@@ -40,7 +41,9 @@ the hit rate of a cache that keeps everything it has seen.
 
 from __future__ import annotations
 
+import gzip
 import json
+import lzma
 import math
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Iterator, Sequence
@@ -50,8 +53,9 @@ from typing import Any
 
 BLOCK_TOKENS = 512
 ALIGNMENT = 64
-EVICT_HIGH = 0.90
-EVICT_LOW = 0.80
+EVICT_HIGH = 0.98   # CoreConfig's defaults
+EVICT_LOW = 0.97
+EVICT_BATCH = 1024
 
 
 # -- the trace ----------------------------------------------------------------------------
@@ -106,7 +110,11 @@ def iter_trace(lines: Iterable[str], limit: int | None = None, name: str = "trac
 
 
 def read_trace(path: str | Path, limit: int | None = None) -> list[Request]:
-    with open(path) as f:
+    """A trace file's requests; a `.xz` or `.gz` file is read as it is (the shipped trace,
+    bench/data/, is compressed)."""
+    suffix = Path(path).suffix
+    opener = lzma.open if suffix == ".xz" else gzip.open if suffix == ".gz" else open
+    with opener(path, "rt") as f:
         return list(iter_trace(f, limit, name=str(path)))
 
 
@@ -204,18 +212,21 @@ class StoreSim:
 
     `slots`: objects that fit at all (None: unbounded). `evict_above`/`evict_to`: the
     watermarks in objects (evict when more than evict_above are held, down to evict_to);
-    None for no watermark eviction.
+    None for no watermark eviction. `batch`: most objects one watermark round evicts.
     """
 
     def __init__(self, slots: int | None, evict_above: int | None = None,
-                 evict_to: int | None = None) -> None:
+                 evict_to: int | None = None, batch: int | None = None) -> None:
         if slots is not None and slots < 1:
             raise ValueError(f"a cache needs at least one slot, got {slots}")
         if (evict_above is None) != (evict_to is None):
             raise ValueError("give both watermarks or neither")
         if evict_above is not None and evict_to is not None and not 0 <= evict_to <= evict_above:
             raise ValueError(f"need 0 <= evict_to ({evict_to}) <= evict_above ({evict_above})")
+        if batch is not None and batch < 1:
+            raise ValueError(f"an eviction round takes at least one object, got {batch}")
         self.slots = slots
+        self.batch = batch
         self.evict_above = evict_above
         self.evict_to = evict_to
         self._lru: OrderedDict[Hashable, None] = OrderedDict()  # evictable, oldest first
@@ -223,19 +234,28 @@ class StoreSim:
         self.count = 0                                          # slots used (incl. PENDING)
         self.stats = SimStats()
         self._evicted_once = False
+        self._unfinished = False
 
     # constructors
 
     @classmethod
     def watermark(cls, segment_bytes: Sequence[int], object_bytes: int, *,
                   alignment: int = ALIGNMENT, high: float = EVICT_HIGH,
-                  low: float = EVICT_LOW) -> StoreSim:
+                  low: float = EVICT_LOW, batch: int = EVICT_BATCH) -> StoreSim:
         """The store's policy over DRAM segments of these sizes (bytes, per node)."""
         asize = aligned(object_bytes, alignment)
         caps = [s // alignment * alignment for s in segment_bytes]  # the allocator's capacity
         pool = sum(caps)
         return cls(sum(c // asize for c in caps), slots_below(high, pool, asize),
-                   slots_below(low, pool, asize))
+                   slots_below(low, pool, asize), batch)
+
+    @staticmethod
+    def pool_slots(segment_bytes: Sequence[int], object_bytes: int,
+                   alignment: int = ALIGNMENT) -> int:
+        """Objects of `object_bytes` the segments hold when full: the capacity a plain
+        LRU of the full pool gets."""
+        asize = aligned(object_bytes, alignment)
+        return sum(s // alignment * alignment // asize for s in segment_bytes)
 
     @classmethod
     def lru(cls, capacity: int) -> StoreSim:
@@ -321,10 +341,14 @@ class StoreSim:
         return hits
 
     def _evict_to_watermark(self) -> None:
-        if self.evict_above is not None and self.count > self.evict_above:
+        if self.evict_above is not None and (self.count > self.evict_above or self._unfinished):
             assert self.evict_to is not None
-            while self.count > self.evict_to and self._evict_oldest():
-                pass
+            n = 0
+            while (self.count > self.evict_to and (self.batch is None or n < self.batch)
+                   and self._evict_oldest()):
+                n += 1
+            # A round cut short by the batch goes on next time, even below the high mark.
+            self._unfinished = self.count > self.evict_to and n == self.batch
 
     def _make_room(self) -> bool:
         """`_evict_for`: evict the oldest evictable object so that one more fits."""

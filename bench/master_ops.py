@@ -1,12 +1,15 @@
 """Control-plane benchmark: our master against Mooncake's, no object bytes moved.
 
-    python -m bench.master_ops [--duration 2] [--clients 8] [--quick] [--json out.json]
-                               [--transport fast|grpc]
+    python -m bench.master_ops [--duration 2] [--turns 2] [--clients 8] [--quick]
+                               [--json out.json] [--transport fast|grpc]
+                               [--profile-master DIR] [--nested-replicas]
 
 Re-executes itself in a private network namespace (loopback only; needs root). Starts
-one system at a time (ours: etcd + master + one store node; Mooncake: mooncake_master
-+ one store-node process), each with a 1 GiB segment that only receives allocations,
-and measures from separate client processes:
+both systems (ours: etcd + master + one store node; Mooncake: mooncake_master + one
+store-node process), each with a 1 GiB segment that only receives allocations, and
+measures them in --turns turns each, alternating (who goes first alternates too), each
+turn running every case for its share of --duration, from separate client processes
+(samples pooled over the turns, so a slow spell of a shared machine falls on both):
 
 | case        | kvstore (raw MasterStub calls; --transport| Mooncake (Python client)                  |
 |             | fast: the fast channel, grpc: gRPC)      |                                           |
@@ -31,6 +34,7 @@ write case's keys are removed afterwards, untimed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -39,7 +43,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -86,7 +90,8 @@ def windows() -> list[list[str]]:
 
 
 class OursOps:
-    def __init__(self, master: str, wid: int, lease_ttl: float, fast: str = "") -> None:
+    def __init__(self, master: str, wid: int, lease_ttl: float, fast: str = "",
+                 columns: bool = True) -> None:
         import grpc
 
         from kvstore.rpc.client import FastChannel, FastStub
@@ -101,6 +106,9 @@ class OursOps:
         self.writer = self.holder
         self.lease_ttl = lease_ttl
         self.wins = [[k.encode() for k in w] for w in windows()]
+        # GetReplicas answered in columns, as our client asks (False: the nested items of
+        # older clients, --nested-replicas)
+        self.columns = columns
 
     @staticmethod
     def _ok(reply: Any, what: str) -> Any:
@@ -128,6 +136,10 @@ class OursOps:
 
     def op(self, case: str) -> Callable[[int], None]:
         pb, stub, wins = self.pb, self.stub, self.wins
+        read_items: Callable[[Any], list[Any]] = lambda r: list(r.items)  # noqa: E731
+        columns = {"columns": True} if self.columns else {}  # unknown to older masters' proto
+        if self.columns:
+            from kvstore.rpc.columns import read_items
         if case == "lookup128":
             def lookup(i: int) -> None:
                 r = stub.Lookup(pb.LookupRequest(keys=wins[i % len(wins)], lease_ttl=self.lease_ttl,
@@ -151,8 +163,10 @@ class OursOps:
         if case == "replicas128":
             def replicas(i: int) -> None:
                 r = stub.GetReplicas(pb.GetReplicasRequest(
-                    keys=wins[i % len(wins)], lease_ttl=self.lease_ttl, holder=self.holder))
-                if len(r.items) != WINDOW or any(it.code for it in r.items):
+                    keys=wins[i % len(wins)], lease_ttl=self.lease_ttl, holder=self.holder,
+                    **columns))
+                items = read_items(r)  # what our client reads, in columns or not
+                if len(items) != WINDOW or any(it.code for it in items):
                     raise RuntimeError(f"GetReplicas: {r.error.message or 'keys missing'}")
             return replicas
         raise ValueError(case)
@@ -250,7 +264,8 @@ def run_worker(args: argparse.Namespace) -> int:
     endpoint = json.loads(args.endpoint)
     ops: OursOps | MooncakeOps
     if args.worker == "ours":
-        ops = OursOps(endpoint["master"], args.wid, args.lease_ttl, endpoint.get("fast", ""))
+        ops = OursOps(endpoint["master"], args.wid, args.lease_ttl, endpoint.get("fast", ""),
+                      columns=not args.nested_replicas)
     else:
         ops = MooncakeOps(endpoint["master"], endpoint["metadata"])
     try:
@@ -280,6 +295,8 @@ class CaseResult:
     calls: int
     lat: Latency
     rate: float  # keys or objects per second, all clients together
+    samples: list[float] = field(default_factory=list, repr=False)  # seconds per call
+    span: float = 0.0  # seconds from the first client's start to the last one's end
 
     def as_dict(self) -> dict[str, Any]:
         return {"system": self.system, "case": self.case, "clients": self.clients,
@@ -291,7 +308,23 @@ def merge(system: str, case: str, parts: list[dict[str, Any]]) -> CaseResult:
     calls = sum(p["calls"] for p in parts)
     span = max(p["end"] for p in parts) - min(p["start"] for p in parts)
     return CaseResult(system, case, len(parts), calls, Latency.of(lat),
-                      calls * UNITS[case] / span)
+                      calls * UNITS[case] / span, lat, span)
+
+
+def pool_turns(results: list[CaseResult]) -> list[CaseResult]:
+    """One result per (system, case, clients) from its turns: latencies over every call
+    of every turn, the rate over the summed spans."""
+    groups: dict[tuple[str, str, int], list[CaseResult]] = {}
+    for r in results:
+        groups.setdefault((r.system, r.case, r.clients), []).append(r)
+    out = []
+    for (system, case, clients), parts in groups.items():
+        lat = [x for p in parts for x in p.samples]
+        calls = sum(p.calls for p in parts)
+        span = sum(p.span for p in parts)
+        out.append(CaseResult(system, case, clients, calls, Latency.of(lat),
+                              calls * UNITS[case] / span, lat, span))
+    return out
 
 
 def _expect(proc: subprocess.Popen[str], what: str) -> str:
@@ -307,8 +340,51 @@ def _expect(proc: subprocess.Popen[str], what: str) -> str:
             return body[len(what):].strip()
 
 
+def spy_top(raw: Path, top: int = 15) -> str:
+    """The top entries of a py-spy raw (collapsed stacks) profile: each function's share
+    of the samples as the innermost frame (own) and anywhere on the stack (total)."""
+    own: dict[str, int] = {}
+    total: dict[str, int] = {}
+    samples = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        samples += n
+        frames = [_frame(f) for f in stack.split(";")]
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        for f in set(frames):
+            total[f] = total.get(f, 0) + n
+    if not samples:
+        return f"{raw.name}: no samples"
+    lines = [f"{raw.name}: {samples} samples; own % / total %, by own"]
+    for f, n in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"  {100 * n / samples:5.1f} {100 * total[f] / samples:5.1f}  {f}")
+    return "\n".join(lines)
+
+
+def _frame(text: str) -> str:
+    """'handle (kvstore/master/service.py:170)' -> 'handle (service.py)'."""
+    name, _, where = text.partition(" (")
+    if not where:
+        return text
+    return f"{name} ({where.rstrip(')').rsplit(':', 1)[0].rsplit('/', 1)[-1]})"
+
+
+def _spy(pid: int, out: Path, seconds: float) -> subprocess.Popen[bytes] | None:
+    """py-spy recording process `pid` for `seconds` into `out` (raw collapsed stacks)."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(spy).exists():
+        raise RuntimeError("--profile-master needs py-spy: .venv/bin/python -m pip install py-spy")
+    return subprocess.Popen([spy, "record", "-r", "250", "-d", str(max(1, round(seconds))),
+                             "-p", str(pid), "-f", "raw", "-o", str(out), "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def run_clients(args: argparse.Namespace, system: str, endpoint: dict[str, str], n: int,
-                cases: list[str], populate: bool, log: Path) -> list[CaseResult]:
+                cases: list[str], populate: bool, log: Path,
+                spy_pid: int = 0) -> list[CaseResult]:
     from bench.clusters import MOONCAKE_ENV, log_tail, uninterrupted
 
     procs: list[subprocess.Popen[str]] = []
@@ -319,6 +395,8 @@ def run_clients(args: argparse.Namespace, system: str, endpoint: dict[str, str],
             cmd = [sys.executable, "-m", MODULE, "--worker", system, "--endpoint",
                    json.dumps(endpoint), "--wid", str(wid), "--cases", ",".join(cases),
                    "--duration", str(args.duration), "--lease-ttl", str(args.lease_ttl)]
+            if args.nested_replicas:
+                cmd.append("--nested-replicas")
             if populate and wid == 0:
                 cmd.append("--populate")
             procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -326,12 +404,20 @@ def run_clients(args: argparse.Namespace, system: str, endpoint: dict[str, str],
         for case in cases:
             for p in procs:
                 _expect(p, f"ready {case}")
+            spy = None
+            if spy_pid and args.profile_master:
+                out = Path(args.profile_master) / f"{system}-master-{case}-{n}c.txt"
+                spy = _spy(spy_pid, out, args.duration)
+                time.sleep(0.3)  # attached before the clients start
             for p in procs:
                 assert p.stdin is not None
                 p.stdin.write("go\n")
                 p.stdin.flush()
             parts = [json.loads(_expect(p, "result")) for p in procs]
             results.append(merge(system, case, parts))
+            if spy is not None:
+                spy.wait(timeout=60)
+                print(spy_top(out), flush=True)
         for p in procs:
             p.wait(timeout=60)
     except RuntimeError as exc:
@@ -397,21 +483,27 @@ def orchestrate(args: argparse.Namespace) -> int:
     t_start = time.monotonic()
     results: list[CaseResult] = []
     try:
-        print(f"{args.duration:g} s per case, 1 and {args.clients} clients, kvstore over "
-              f"{args.transport}; logs in {tmp}", flush=True)
-        with ours(tmp, dram="1GiB") as oc:
-            print("kvstore cluster up; measuring ...", flush=True)
-            ep = {"master": oc.master, "fast": fast_address(oc.etcd) if args.transport == "fast" else ""}
-            results += run_clients(args, "ours", ep, 1, single, True, tmp / "clients-ours.log")
-            results += run_clients(args, "ours", ep, args.clients, multi, False,
-                                   tmp / "clients-ours.log")
-        with mooncake(tmp, SEGMENT) as mc:
-            print("Mooncake store up; measuring ...", flush=True)
-            ep = {"master": mc.master, "metadata": mc.metadata}
-            results += run_clients(args, "mooncake", ep, 1, single, True,
-                                   tmp / "clients-mooncake.log")
-            results += run_clients(args, "mooncake", ep, args.clients, multi, False,
-                                   tmp / "clients-mooncake.log")
+        print(f"{args.duration:g} s per case in {args.turns} turn(s) per system, 1 and "
+              f"{args.clients} clients, kvstore over {args.transport}; logs in {tmp}",
+              flush=True)
+        with contextlib.ExitStack() as stack:
+            oc = stack.enter_context(ours(tmp, dram="1GiB"))
+            fast = fast_address(oc.etcd) if args.transport == "fast" else ""
+            mc = stack.enter_context(mooncake(tmp, SEGMENT))
+            systems = [("ours", {"master": oc.master, "fast": fast}, oc.pids["master"]),
+                       ("mooncake", {"master": mc.master, "metadata": mc.metadata}, 0)]
+            print("both systems up; measuring them in turn ...", flush=True)
+            whole = args.duration
+            args.duration = whole / args.turns  # each turn's share of every case
+            for turn in range(args.turns):
+                # who goes first alternates, so a slow spell falls on both
+                for system, ep, pid in systems if turn % 2 == 0 else systems[::-1]:
+                    log = tmp / f"clients-{system}.log"
+                    results += run_clients(args, system, ep, 1, single, turn == 0, log)
+                    results += run_clients(args, system, ep, args.clients, multi, False, log,
+                                           spy_pid=pid if turn == 0 else 0)
+            args.duration = whole
+        results = pool_turns(results)
         print()
         print(render(results))
         print(f"\n(total {time.monotonic() - t_start:.0f} s; lookup leases ttl "
@@ -438,6 +530,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m {MODULE}",
                                 description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--duration", type=float, default=2.0, help="seconds per case")
+    p.add_argument("--turns", type=int, default=2,
+                   help="both systems are up at once and take this many turns each, "
+                        "alternating (who goes first too), each running every case for "
+                        "its share of --duration; the samples of all turns are pooled")
     p.add_argument("--clients", type=int, default=8, help="concurrent client processes")
     p.add_argument("--lease-ttl", type=float, default=1.0,
                    help="ttl of the leases Lookup/GetReplicas grant (never released)")
@@ -446,6 +542,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kvstore's control channel: the fast one the clients use by default, "
                         "or gRPC")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--nested-replicas", action="store_true",
+                   help="GetReplicas answered as one message per key (what clients before "
+                        "the columnar answer asked for) instead of in columns")
+    p.add_argument("--profile-master", metavar="DIR",
+                   help="py-spy our master during each --clients case (needs py-spy); raw "
+                        "stacks go in DIR, the top entries are printed")
     p.add_argument("--keep-logs", action="store_true", help="keep the temporary log directory")
     p.add_argument("--worker", choices=["ours", "mooncake"], help=argparse.SUPPRESS)
     p.add_argument("--endpoint", help=argparse.SUPPRESS)
@@ -459,6 +561,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.quick:
         args.duration = 0.5
+    if args.turns < 1:
+        build_parser().error(f"--turns must be 1 or more, got {args.turns}")
+    if args.profile_master:
+        args.profile_master = str(Path(args.profile_master).resolve())
+        Path(args.profile_master).mkdir(parents=True, exist_ok=True)
     if args.worker:
         return run_worker(args)
     from bench.netns import ensure_private_netns

@@ -1,7 +1,7 @@
 """Trace replay: a Mooncake-format trace against kvstore (and Mooncake Store), with the
 hit rates an offline cache of the same capacity must reach.
 
-    python -m bench.replay [--trace conversation_trace.jsonl] [--limit 2000]
+    python -m bench.replay [--trace bench/data/conversation_trace.jsonl.xz] [--limit 2000]
         [--capacity-blocks 10000] [--block-bytes 64KiB] [--nodes 1] [--concurrency 1]
         [--speed 0] [--mooncake] [--te] [--prefill-tokens-per-s 10000]
         [--plot out.png] [--json out.json] [--etcd HOST:PORT --no-start]
@@ -67,13 +67,14 @@ from bench.systems.base import Slots, System
 from kvstore.units import format_size, parse_size
 
 MODULE = "bench.replay"
-DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "conversation_trace.jsonl"
+# The Mooncake FAST'25 conversation trace, shipped compressed (bench/data/README.md).
+DEFAULT_TRACE = Path(__file__).resolve().parent / "data" / "conversation_trace.jsonl.xz"
 OURS, MC = "kvstore", "mooncake"
 MATCH_PP = 1.0  # "matches": block hit rates within 1 percentage point
 
 # One replayed request, as the worker reports it (a JSON list, in this order).
 FIELDS = ("pos", "t0", "t1", "lookup_hits", "hits", "lookup_s", "load_s", "put_s",
-          "release_s", "put_errors", "read_bytes", "written_bytes")
+          "release_s", "put_errors", "read_bytes", "written_bytes", "ssd_waits")
 
 
 @dataclass
@@ -90,6 +91,7 @@ class Rec:
     put_errors: int
     read_bytes: int
     written_bytes: int
+    ssd_waits: int = 0  # objects the load waited for while they came back from SSD
 
     def row(self) -> list[Any]:
         return [getattr(self, f) for f in FIELDS]
@@ -110,6 +112,12 @@ def open_system(args: argparse.Namespace, endpoint: dict[str, str], max_blocks: 
     from bench.systems.mooncake import Mooncake
 
     return Mooncake(endpoint, slots, slots.count * args.block_bytes + (16 << 20))
+
+
+def _ssd_waits(system: System) -> int:
+    """Objects our client has waited for while they came back from SSD (0 for Mooncake)."""
+    stats = getattr(getattr(system, "c", None), "stats", None)
+    return int(getattr(stats, "ssd_waits", 0))
 
 
 def run_worker(args: argparse.Namespace) -> int:
@@ -140,10 +148,11 @@ def run_worker(args: argparse.Namespace) -> int:
             if delay > 0:
                 time.sleep(delay)
         keys = [f"{args.key_prefix}{h}" for h in r.hash_ids]
+        waits0 = _ssd_waits(system)
         t0 = time.monotonic() - start
         step = system.replay_step(keys)
         t1 = time.monotonic() - start
-        return Rec(pos, t0, t1, *step).row()
+        return Rec(pos, t0, t1, *step, _ssd_waits(system) - waits0).row()
 
     try:
         serve(handle)
@@ -162,6 +171,7 @@ class RunSpec:
     nodes: int
     concurrency: int
     dram_per_node: int     # bytes; every run gets the same total
+    ssd_per_node: int = 0  # bytes of SSD tier per node (0: DRAM only)
 
 
 @dataclass
@@ -174,6 +184,7 @@ class RunResult:
     held: list[int] = field(default_factory=list)   # objects held, sampled after the 1st eviction
     rc_counts: dict[str, int] = field(default_factory=dict)
     info: list[dict[str, Any]] = field(default_factory=list)
+    tiers: dict[str, int] = field(default_factory=dict)  # the master's tier counters, this run
 
 
 class Dispatcher:
@@ -308,6 +319,23 @@ def _leader(etcd: str, cluster: str = "default") -> str:
     return MasterRecord.decode(raw).address
 
 
+_TIER_COUNTERS = ("demotions", "promotions", "ssd_evictions", "demotion_failures",
+                  "promotion_failures")
+
+
+def _ours_tiers(master: str) -> dict[str, int]:
+    """The master's tier counters (ClusterStatus counters_json)."""
+    import grpc
+
+    from kvstore.v1 import master_pb2 as pb
+    from kvstore.v1 import master_pb2_grpc as pbg
+
+    with grpc.insecure_channel(master) as ch:
+        st = pbg.MasterStub(ch).ClusterStatus(pb.ClusterStatusRequest(), timeout=5)
+    counters = json.loads(st.counters_json or "{}")
+    return {k: int(counters.get(k, 0)) for k in _TIER_COUNTERS}
+
+
 def _ours_counters(master: str) -> tuple[int, int, list[int]]:
     """(objects held, evictions so far, DRAM bytes per node) from ClusterStatus."""
     import grpc
@@ -333,8 +361,14 @@ def run_ours(args: argparse.Namespace, spec: RunSpec, requests: list[Request],
         if args.start:
             master_args = ["--max-lease-ttl", str(max(60.0, args.lease_ttl)),
                            "--evict-high", str(args.evict_high), "--evict-low", str(args.evict_low)]
-            with ours(tmp / spec.label, dram=str(spec.dram_per_node), nodes=spec.nodes,
-                      master_args=master_args) as oc:
+            store_args: list[str] = []
+            if spec.ssd_per_node:
+                store_args = ["--ssd-dir", str(tmp / spec.label.replace(" ", "_") / "ssd-{node}"),
+                              "--ssd", str(spec.ssd_per_node)]
+                if not args.ssd_fsync:
+                    store_args.append("--ssd-no-fsync")
+            with ours(tmp / spec.label.replace(" ", "_"), dram=str(spec.dram_per_node),
+                      nodes=spec.nodes, master_args=master_args, store_args=store_args) as oc:
                 yield oc
         else:
             yield OursCluster(etcd=args.etcd, master=args.master or _leader(args.etcd), logs=tmp)
@@ -343,6 +377,7 @@ def run_ours(args: argparse.Namespace, spec: RunSpec, requests: list[Request],
     logs.mkdir(parents=True, exist_ok=True)
     with cluster() as oc:
         _, ev0, segs = _ours_counters(oc.master)
+        tiers0 = _ours_tiers(oc.master)
 
         def poll() -> tuple[int, int]:
             held, ev, _ = _ours_counters(oc.master)
@@ -355,7 +390,8 @@ def run_ours(args: argparse.Namespace, spec: RunSpec, requests: list[Request],
         finally:
             held = sampler.stop()
         _, ev1, _ = _ours_counters(oc.master)
-    return RunResult(spec, records, wall, segs, ev1 - ev0, held, rcs, info)
+        tiers = {k: v - tiers0[k] for k, v in _ours_tiers(oc.master).items()}
+    return RunResult(spec, records, wall, segs, ev1 - ev0, held, rcs, info, tiers)
 
 
 def _mooncake_metrics(url: str) -> dict[str, float]:
@@ -473,6 +509,11 @@ class Report:
     lru: SimStats
     infinite: SimStats
     args: argparse.Namespace
+    lru_full: tuple[int, SimStats] | None = None   # plain LRU as large as the whole pool
+
+    @property
+    def tiered(self) -> set[str]:
+        return {r.spec.label for r in self.runs if r.spec.ssd_per_node}
 
     def text(self) -> str:
         a = self.args
@@ -498,14 +539,19 @@ class Report:
         for run in self.runs:
             s = summarize(run.spec.label, reqs, [r.hits for r in run.records])
             held = run.held
+            # A run with an SSD tier has no offline mirror: it is set against the bound.
+            vs = (pp(s.block_rate, self.infinite.block_hit_rate) + " (vs bound)"
+                  if run.spec.ssd_per_node else
+                  pp(s.block_rate, self.mirror[run.spec.label].block_hit_rate))
             rows.append([
-                f"{run.spec.label} (replayed)", pct(s.block_rate), pct(s.token_rate),
-                pp(s.block_rate, self.mirror[run.spec.label].block_hit_rate),
+                f"{run.spec.label} (replayed)", pct(s.block_rate), pct(s.token_rate), vs,
                 "-" if run.evictions is None else str(run.evictions),
                 f"{sum(held) / len(held):.0f}" if held else "-",
             ])
         shown: list[SimStats] = []
         for label, sim in self.mirror.items():
+            if label in self.tiered:
+                continue
             # Every run has the same total DRAM: one row unless a geometry differs.
             if any(sim.per_request == other.per_request for other in shown):
                 continue
@@ -516,6 +562,11 @@ class Report:
         rows.append([f"offline plain LRU, {a.capacity_blocks} blocks", pct(self.lru.block_hit_rate),
                      pct(self.lru.token_hit_rate), "", str(self.lru.evictions),
                      str(a.capacity_blocks)])
+        if self.lru_full is not None:
+            slots, full = self.lru_full
+            rows.append([f"offline plain LRU, whole pool ({slots} blocks)",
+                         pct(full.block_hit_rate), pct(full.token_hit_rate), "",
+                         str(full.evictions), str(slots)])
         rows.append(["infinite cache (bound)", pct(self.infinite.block_hit_rate),
                      pct(self.infinite.token_hit_rate), "", "0",
                      f"{len(self.infinite_keys())} at end"])
@@ -543,6 +594,7 @@ class Report:
             written = sum(r.written_bytes for r in recs)
             pf = prefill_estimate(self.requests, recs, a.prefill_tokens_per_s)
             lost = sum(r.lookup_hits - r.hits for r in recs)
+            tiers = run.tiers
             errors = sum(r.put_errors for r in recs)
             col = [
                 f"{run.spec.nodes} node(s), {run.spec.concurrency} replayer(s)",
@@ -561,6 +613,9 @@ class Report:
                 f"{pf.saved_mean * 1e3:.1f} ms",
                 f"{pf.saved_p50_hit * 1e3:.1f} ms",
                 f"{pf.share * 100:.1f}%",
+                lat([r.load_s for r in hit if not r.ssd_waits]),
+                lat([r.load_s for r in hit if r.ssd_waits]),
+                f"{tiers.get('demotions', 0)} / {tiers.get('promotions', 0)}" if tiers else "-",
             ]
             if a.speed > 0:
                 t_first = self.requests[0].timestamp_ms
@@ -574,7 +629,9 @@ class Report:
                  "release p50 / p99", "bytes read / written", "data moved",
                  "hits lost between lookup and load", "put errors",
                  "est. TTFT saved / request, mean *", "est. TTFT saved, p50 of hit requests *",
-                 "est. share of prefill time saved *"]
+                 "est. share of prefill time saved *",
+                 "load p50 / p99, hits all in DRAM", "load p50 / p99, some hits from SSD",
+                 "demotions / promotions"]
         if a.speed > 0:
             names.append("start behind schedule p50 / p99")
         rows = [[name, *(c[i] for c in cols)] for i, name in enumerate(names)]
@@ -591,7 +648,9 @@ class Report:
             sim = self.mirror[run.spec.label]
             s = summarize(run.spec.label, self.requests, [r.hits for r in run.records])
             d = round(100 * (s.block_rate - sim.block_hit_rate), 2) + 0.0
-            if run.spec.system == OURS:
+            if run.spec.ssd_per_node:
+                out.append(self.tier_verdict(run, s))
+            elif run.spec.system == OURS:
                 same = sum(1 for r, h in zip(run.records, sim.per_request, strict=True) if r.hits != h)
                 ok = abs(d) <= MATCH_PP
                 out.append(f"{run.spec.label}: block hit rate {d:+.2f} pp from the offline mirror "
@@ -604,9 +663,9 @@ class Report:
                            "0.90, objects read in the last 10 s are not evicted). Mooncake has no "
                            "lease: its prefix comes from batch_is_exist, then batch_get_into and "
                            "batch_put_from, and nothing pins the prefix in between")
-        singles = [r for r in self.runs if r.spec.system == OURS and r.spec.nodes == 1
-                   and r.spec.concurrency == 1]
-        multi = [r for r in self.runs if r.spec.system == OURS and r not in singles]
+        dram = [r for r in self.runs if r.spec.system == OURS and not r.spec.ssd_per_node]
+        singles = [r for r in dram if r.spec.nodes == 1 and r.spec.concurrency == 1]
+        multi = [r for r in dram if r not in singles]
         for run in multi:
             for base in singles:
                 a = summarize("", self.requests, [r.hits for r in run.records]).block_rate
@@ -626,6 +685,22 @@ class Report:
                                f"({info.get('local_transfers', 0)} local transfers)")
         return out
 
+    def tier_verdict(self, run: RunResult, s: Summary) -> str:
+        """An SSD run against the bound and against the DRAM-only run of its geometry."""
+        base = next((r for r in self.runs if r.spec.system == OURS and not r.spec.ssd_per_node
+                     and r.spec.nodes == run.spec.nodes
+                     and r.spec.concurrency == run.spec.concurrency), None)
+        words = [f"{run.spec.label}: block hit rate {pp(s.block_rate, self.infinite.block_hit_rate)} "
+                 f"from the infinite-cache bound"]
+        if base is not None:
+            b = summarize("", self.requests, [r.hits for r in base.records])
+            rate = len(run.records) / run.wall_s if run.wall_s else 0.0
+            brate = len(base.records) / base.wall_s if base.wall_s else 0.0
+            words.append(f"{pp(s.block_rate, b.block_rate)} over DRAM only ({base.spec.label}); "
+                         f"request rate {rate:.0f} vs {brate:.0f} req/s "
+                         f"({100 * rate / brate:.0f}% of DRAM only)" if brate else "")
+        return "; ".join(w for w in words if w)
+
     def as_json(self) -> dict[str, Any]:
         return {
             "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(self.args).items()},
@@ -635,10 +710,12 @@ class Report:
                       "concurrency": r.spec.concurrency, "wall_s": r.wall_s,
                       "segments": r.segments, "evictions": r.evictions, "held": r.held,
                       "rc_counts": r.rc_counts, "info": r.info, "fields": list(FIELDS),
+                      "ssd_per_node": r.spec.ssd_per_node, "tiers": r.tiers,
                       "records": [x.row() for x in r.records]} for r in self.runs],
             "sims": {
                 "mirror": {k: _sim_json(v) for k, v in self.mirror.items()},
                 "lru": _sim_json(self.lru), "infinite": _sim_json(self.infinite),
+                "lru_full": None if self.lru_full is None else _sim_json(self.lru_full[1]),
             },
         }
 
@@ -726,6 +803,10 @@ def plan_runs(args: argparse.Namespace, sizing: Sizing) -> list[RunSpec]:
         compare = True
     if compare and (args.nodes > 1 or args.concurrency > 1):
         runs.append(RunSpec("kvstore 1n c1", OURS, 1, 1, pool))
+    if args.ssd:
+        runs.insert(1, RunSpec(f"kvstore {args.nodes}n c{args.concurrency} +SSD "
+                               f"{format_size(args.ssd)}", OURS, args.nodes, args.concurrency,
+                               sizing.dram_per_node, ssd_per_node=args.ssd // args.nodes))
     if args.mooncake:
         runs.append(RunSpec(f"mooncake 1n c{args.concurrency}", MC, 1, args.concurrency, pool))
     return runs
@@ -757,7 +838,9 @@ def orchestrate(args: argparse.Namespace, tmp: Path) -> int:
     mirror = {run.spec.label: simulate(requests, StoreSim.watermark(
         run.segments, args.block_bytes, high=args.evict_high, low=args.evict_low))
         for run in runs}
-    report = Report(requests, sizing, runs, mirror, lru, inf, args)
+    slots = StoreSim.pool_slots(runs[0].segments, args.block_bytes) if runs else 0
+    full = (slots, simulate(requests, StoreSim.lru(slots))) if slots else None
+    report = Report(requests, sizing, runs, mirror, lru, inf, args, full)
     print()
     print(report.text())
     print(f"\n(total {time.monotonic() - t_start:.0f} s)")
@@ -792,6 +875,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare-single", action=argparse.BooleanOptionalAction, default=None,
                    help="with --nodes/--concurrency > 1, also replay on 1 node with 1 replayer "
                         "at the same total capacity (default: on)")
+    p.add_argument("--ssd", type=parse_size, default=0,
+                   help="also replay with an SSD tier of this many bytes in all (split among "
+                        "--nodes) under the same DRAM, e.g. 256MiB")
+    p.add_argument("--ssd-fsync", action=argparse.BooleanOptionalAction, default=True,
+                   help="the SSD tier syncs what it writes (default; --no-ssd-fsync: the "
+                        "page cache only)")
     p.add_argument("--te", action="store_true",
                    help="our client moves bytes over the Transfer Engine (same_host=False), as "
                         "Mooncake's does; default: the client's same-host memcpy path")

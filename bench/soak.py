@@ -6,12 +6,13 @@ anything left behind (leases, PENDING objects) once the clients are gone?
 
 Starts etcd, a master and two store nodes (small DRAM, so eviction runs all the time),
 and several client processes that each loop over: put_many of a batch, lookup with a
-lease, get_into under it, release, get_many, exists, remove. Every other client writes
+lease, get_into under it, get_many, release, exists, remove. Every other client writes
 values of one size (as KV blocks are), so its puts go into space started ahead (one
 control call each, see kvstore_client/reservations.py); the others' sizes vary, so
-theirs never do. Every read is checked
-against what was written. The anonymous RSS (RssAnon: the heap, not the mapped segment)
-of each daemon is sampled every second; the slope is fitted over the second half of the
+theirs never do. Every read is checked against what was written, and a key the lease
+covers must load (get_into) and be found (get_many): anything else is counted as an
+error. The anonymous RSS (RssAnon: the heap, not the mapped segment) of each daemon is
+sampled every second; the slope is fitted over the second half of the
 run (after warm-up). At the end, each store node's inventory (what it would report to a
 new leader) must hold exactly the replicas the master places on it: an entry the
 node never drops is a leak that grows with traffic.
@@ -83,9 +84,15 @@ def _client(etcd: str, seed: int, seconds: float, out: mp.Queue) -> None:  # typ
                     views = [buf[i * 65536:i * 65536 + len(v)] for i, v in enumerate(vals)]
                     errs = c.get_into(lease.keys, views[:lease.count], lease=lease)
                     for i, e in enumerate(errs):
-                        if e is None and bytes(views[i]) != vals[i]:
+                        if e is not None:  # a leased key must load: the lookup promised it
+                            errors[f"get_into under a lease: {type(e).__name__}"] += 1
+                        elif bytes(views[i]) != vals[i]:
                             wrong += 1
-                got = c.get_many(keys)
+                    # Still under the lease: its keys cannot have been evicted, so a None
+                    # for one of them is a failure (a lost object, or bytes that failed
+                    # their checksum); past the leased prefix a None is an eviction.
+                    got = c.get_many(keys)
+                errors["get_many: None for a leased key"] += sum(g is None for g in got[:lease.count])
                 wrong += sum(g is not None and g != v for g, v in zip(got, vals, strict=True))
                 c.exists(keys)
                 if n % 3 == 0:
@@ -94,7 +101,7 @@ def _client(etcd: str, seed: int, seconds: float, out: mp.Queue) -> None:  # typ
             except KVStoreError as exc:
                 errors[type(exc).__name__] += 1
         one_call = c.stats.one_call_puts
-    out.put((ops, wrong, dict(errors), one_call))
+    out.put((ops, wrong, {k: v for k, v in errors.items() if v}, one_call))
 
 
 def _rss_mib(pid: int) -> float:
@@ -180,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                        rows))
     if args.json:
         Path(args.json).write_text(json.dumps(asdict(r), indent=2))
-    clean = (r.wrong_bytes == 0 and r.leases_left == 0 and r.pending_left == 0
+    clean = (r.wrong_bytes == 0 and not r.errors and r.leases_left == 0 and r.pending_left == 0
              and not any(r.inventory_excess.values()))
     return 0 if clean else 1
 

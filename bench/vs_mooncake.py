@@ -3,6 +3,7 @@
     python -m bench.vs_mooncake [--sizes 64KiB,1MiB,4MiB] [--iters 200] [--batch 32]
                                 [--rounds 0] [--turns 4] [--quick] [--json out.json] [--plot out.png]
                                 [--runs 1] [--phases] [--profile DIR] [--no-mooncake] [--no-warm]
+                                [--engine-pool on|off] [--no-other-reader] [--dram 2GiB]
 
 Re-executes itself in a private network namespace (loopback only; needs root). Both
 systems are started, then measured in turn, one object size at a time, in --turns turns
@@ -16,8 +17,17 @@ processes of either cost the other next to nothing:
   "kvstore TE" (`same_host=False`): bytes cross the Transfer Engine over TCP exactly as
   Mooncake's do; the like-for-like comparison.
   "kvstore same-host" (the default, `same_host=True`): a client on a store node's host
-  maps the node's memfd segment and copies with memcpy. The client's `local_transfers`
-  counter proves which path each configuration took.
+  maps the node's memfd segment and copies with memcpy; its column is labelled as what
+  it is, our memcpy against Mooncake over TCP. The client's `local_transfers` counter
+  proves which path each configuration took.
+  "another reader" (--no-other-reader skips it): a second client of ours, its own
+  engine, reads what the TE client wrote. The TE client read keys it wrote itself, so
+  its early reads (placements remembered from its puts) help it; they help no other
+  reader, as a second inference engine is. Its get rows only (its puts are the TE
+  client's).
+- Both engines reuse their TCP connections by default (MC_TCP_ENABLE_CONNECTION_POOL=1,
+  our client's default, set for Mooncake's node and client too); --engine-pool off gives
+  both the engine's own default, a connection per transfer.
 - Mooncake: `mooncake_master` (HTTP metadata server on), a store-node process that
   mounts a global segment of the same size, and a client in another process with no
   segment of its own, so all bytes cross the Transfer Engine. (Mooncake's own same-host
@@ -38,7 +48,9 @@ protocol.
 Per object size: single put and single get latency (p50/p99 over --iters operations,
 fresh keys), and the throughput of batches of --batch objects (put then get; GB/s =
 10^9 bytes/s over the summed call times of --rounds batches; 0 picks ~1 GiB worth).
-Objects are removed between phases so neither store nears its eviction watermark. Both
+Objects are removed between phases so neither store nears its eviction watermark: at
+most LIVE_SHARE of --dram is alive at once (a --dram that holds less than one batch
+there is refused). Both
 transports are TCP over loopback, both store nodes DRAM. Our figures include the
 checksum our client computes on every put and verifies on every get.
 
@@ -79,12 +91,15 @@ from bench.stats import (
 )
 from bench.systems.base import Api, BytesApi, RegisteredApi, Slots, System
 from bench.systems.ours import Ours, Phases
+from kvstore.errors import InvalidArgument
 from kvstore.units import format_size, parse_size
 
 MODULE = "bench.vs_mooncake"
-TE, SHM, MC = "kvstore-te", "kvstore-shm", "mooncake"
-# Objects alive in the store at once, per phase; far below either system's eviction mark.
-LIVE_BYTES = 512 << 20
+TE, TE2, SHM, MC = "kvstore-te", "kvstore-te-other", "kvstore-shm", "mooncake"
+# Of each store's DRAM, what the objects of one phase may take at once (written, read,
+# then removed): far below either system's eviction mark (0.9), with room for the space
+# our clients start ahead for their puts. 512 MiB of the default 2 GiB.
+LIVE_SHARE = 0.25
 # Batch calls per size and direction (--rounds 0; at least 5, at most 200): a figure that
 # rests on a few calls moves with one stall of the VM (docs/perf-notes.md has the
 # measurements that set it).
@@ -97,9 +112,14 @@ WARM_SHARE = 0.8
 # -- the driver (runs in the client process) ----------------------------------------------
 
 
-def chunks(items: Sequence[Any], per_item_bytes: int) -> Iterator[Sequence[Any]]:
-    """Slices of `items` whose objects fit in LIVE_BYTES together."""
-    step = max(1, LIVE_BYTES // max(1, per_item_bytes))
+def live_bytes(dram: int) -> int:
+    """What the objects alive at once may take in a store of `dram` bytes."""
+    return int(dram * LIVE_SHARE)
+
+
+def chunks(items: Sequence[Any], per_item_bytes: int, live: int) -> Iterator[Sequence[Any]]:
+    """Slices of `items` whose objects fit in `live` bytes together."""
+    step = max(1, live // max(1, per_item_bytes))
     for lo in range(0, len(items), step):
         yield items[lo:lo + step]
 
@@ -125,20 +145,21 @@ def warm(api: Api, total: int, size: int, batch: int) -> float:
     return time.perf_counter() - t0
 
 
-def measure(api: Api, size: int, iters: int, batch: int, rounds: int, tag: str) -> dict[str, Any]:
+def measure(api: Api, size: int, iters: int, batch: int, rounds: int, tag: str,
+            live: int) -> dict[str, Any]:
     value = os.urandom(size)
     api.prepare(value)
     _warm_up(api, value, batch, tag)
     marks = _Marks(api.phases)
     single = [f"{tag}-s{i}" for i in range(iters)]
-    put_lat, get_lat = _single_ops(api, value, single, size, marks)
+    put_lat, get_lat = _single_ops(api, value, single, size, marks, live)
     all_rounds = [[f"{tag}-b{r}-{i}" for i in range(batch)] for r in range(rounds)]
-    put_t, get_t = _batch_ops(api, value, all_rounds, size, batch, marks)
+    put_t, get_t = _batch_ops(api, value, all_rounds, size, batch, marks, live)
     phases: dict[str, dict[str, float]] = {}
     if marks.on:
         # Phases of single ops are only taken when one chunk holds them all (no removes
         # in between to blur them).
-        if len(list(chunks(single, size))) == 1:
+        if len(list(chunks(single, size, live))) == 1:
             phases["put"] = marks.per_call("put", put_lat)
             phases["get"] = marks.per_call("get", get_lat)
         for op in ("batch put", "batch get"):
@@ -196,13 +217,13 @@ class _Marks:
 
 
 def _single_ops(api: Api, value: bytes, keys: list[str], size: int,
-                marks: _Marks) -> tuple[list[float], list[float]]:
+                marks: _Marks, live: int) -> tuple[list[float], list[float]]:
     """Single puts, then single gets, of `keys`, a chunk at a time (removed after it):
     the seconds of each put and of each get."""
     clock = time.perf_counter
     put_lat: list[float] = []
     get_lat: list[float] = []
-    for part in chunks(keys, size):
+    for part in chunks(keys, size, live):
         marks.mark("put")
         for k in part:
             t0 = clock()
@@ -222,13 +243,13 @@ def _single_ops(api: Api, value: bytes, keys: list[str], size: int,
 
 
 def _batch_ops(api: Api, value: bytes, all_rounds: list[list[str]], size: int, batch: int,
-               marks: _Marks) -> tuple[list[float], list[float]]:
+               marks: _Marks, live: int) -> tuple[list[float], list[float]]:
     """put_many, then get_many, of each round's `batch` keys, as many rounds at a time as fit
     (removed after them): the seconds of each put_many and of each get_many."""
     clock = time.perf_counter
     put_t: list[float] = []
     get_t: list[float] = []
-    for part in chunks(all_rounds, size * batch):
+    for part in chunks(all_rounds, size * batch, live):
         marks.mark("batch put")
         n0 = len(put_t)
         for keys in part:
@@ -327,20 +348,33 @@ def open_apis(args: argparse.Namespace, endpoint: dict[str, str],
             options["placement_memory"] = 0
         if args.no_one_call_puts:
             options["reserve_bytes"] = 0
-        for name, same_host in ((TE, False), (SHM, True)):
-            systems.append(Ours(name, endpoint["etcd"], Slots(args.batch, max(sizes)),
-                                staging_bytes(sizes, args.batch), same_host=same_host,
-                                **options))
+        ours_systems = [Ours(name, endpoint["etcd"], Slots(args.batch, max(sizes)),
+                             staging_bytes(sizes, args.batch), same_host=same_host, **options)
+                        for name, same_host in ((TE, False), (SHM, True))]
+        systems += ours_systems
+        if not args.no_other_reader:
+            from bench.systems.ours import OtherReader
+
+            systems.append(OtherReader(TE2, endpoint["etcd"], ours_systems[0],
+                                       staging_bytes(sizes, args.batch), same_host=False,
+                                       **options))
     else:
         from bench.systems.mooncake import Mooncake
 
         systems.append(Mooncake(endpoint, Slots(args.batch, max(sizes)),
                                 staging_bytes(sizes, args.batch)))
+    from bench.systems.ours import OtherReader
+
     apis: list[Api] = []
+    timers: dict[int, Phases] = {}
     for system in systems:
         mine: list[Api] = [BytesApi(system), RegisteredApi(system)]
         if args.phases and isinstance(system, Ours):
-            timer = Phases()
+            if isinstance(system, OtherReader):
+                # its puts are the writer's calls: one timer sees both clients
+                timer = timers[id(system.writer)]
+            else:
+                timer = timers[id(system)] = Phases()
             timer.install(system)
             for api in mine:
                 api.phases = timer
@@ -355,12 +389,15 @@ def run_worker(args: argparse.Namespace) -> int:
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     profiler = cProfile.Profile() if args.profile else None
     max_size = max(sizes)
+    live = live_bytes(parse_size(args.dram))
     apis, systems = open_apis(args, endpoint, sizes)
 
     def handle(ask: dict[str, Any]) -> Any:
         if "warm" in ask:
             # Over the engine, like Mooncake's: through the node's own data path.
-            api = next((a for a in apis if a.api == "r" and a.system != SHM), apis[0])
+            api = next((a for a in apis if a.api == "r" and a.system == TE), apis[0])
+            if args.worker != "ours":
+                api = next((a for a in apis if a.api == "r"), apis[0])
             return {"seconds": warm(api, int(ask["warm"]), max_size, args.batch)}
         size, turn, turns = int(ask["size"]), int(ask["turn"]), int(ask["turns"])
         if profiler:
@@ -368,7 +405,8 @@ def run_worker(args: argparse.Namespace) -> int:
         rounds = auto_rounds(args.rounds, size, args.batch)
         part = [measure(api, size, share(args.iters, turns, turn), args.batch,
                         share(rounds, turns, turn),
-                        tag=f"{api.system}-{api.api}-{size}-t{turn}") for api in apis]
+                        tag=f"{api.system}-{api.api}-{size}-t{turn}", live=live)
+                for api in apis]
         if profiler:
             profiler.disable()
         return part
@@ -396,7 +434,7 @@ class Row:
     unit: str                    # "s" or "GB/s"
     values: dict[str, float]     # system -> figure
     apis: dict[str, str]         # system -> "b" or "r"
-    ratios: dict[str, float | None]  # TE / SHM -> vs Mooncake
+    ratios: dict[str, float | None]  # TE / TE2 / SHM -> vs Mooncake
 
     def cells(self) -> list[str]:
         f = fmt_seconds if self.unit == "s" else fmt_gbps
@@ -404,8 +442,11 @@ class Row:
         def val(system: str) -> str:
             return f"{f(self.values[system])} {self.apis[system]}" if system in self.values else "-"
 
+        def ratio(system: str) -> str:
+            return fmt_ratio(self.ratios.get(system)) if system in self.values else "-"
+
         return [format_size(self.size).replace(".0 ", " "), self.measure, val(TE), val(MC),
-                fmt_ratio(self.ratios.get(TE)), val(SHM), fmt_ratio(self.ratios.get(SHM))]
+                ratio(TE), val(TE2), ratio(TE2), val(SHM), ratio(SHM)]
 
 
 def _dig(result: dict[str, Any], path: tuple[str, ...]) -> float:
@@ -433,14 +474,16 @@ def build_rows(results: list[dict[str, Any]]) -> list[Row]:
         for name, unit, path, pick, hib in measures:
             values: dict[str, float] = {}
             apis: dict[str, str] = {}
-            for system in (TE, SHM, MC):
+            for system in (TE, TE2, SHM, MC):
+                if system == TE2 and "get" not in name:
+                    continue  # its puts are the TE client's: the same figures again
                 cands = [r for r in results if r["size"] == size and r["system"] == system]
                 if not cands:
                     continue
                 best = (max if hib else min)(cands, key=lambda r: _dig(r, pick))
                 values[system], apis[system] = _dig(best, path), best["api"]
             ratios = {s: better_ratio(values.get(s), values.get(MC), higher_is_better=hib)
-                      for s in (TE, SHM) if s in values}
+                      for s in (TE, TE2, SHM) if s in values}
             rows.append(Row(size, name, unit, values, apis, ratios))
     return rows
 
@@ -466,19 +509,29 @@ def render(rows: list[Row]) -> str:
         "ratio > 1 means kvstore is better: latency rows Mooncake/ours, throughput rows "
         "ours/Mooncake.",
         "kvstore TE: same_host=False, bytes over the Transfer Engine (TCP loopback), as "
-        "Mooncake's client does.",
-        "kvstore same-host: default same_host=True, memcpy into the store node's mapped "
-        "segment (no Mooncake",
-        "counterpart measured). Each figure is from that system's faster API for the row: "
-        "b = bytes API",
-        "(put/get, put_many|put_batch/get_many|get_batch), r = registered buffers "
-        "(put_from/get_into,",
-        "Mooncake batch_put_from/batch_get_into). p99 comes from the API chosen by p50.",
+        "Mooncake's client does; its",
+        "client reads keys it wrote itself (its early reads and one-call puts help it). "
+        "another reader: a second",
+        "client of ours, which never saw the keys, reads what the TE client wrote, as a "
+        "second engine would",
+        "(Mooncake's reader is its writer). memcpy: our default same_host=True, memcpy into "
+        "the store node's",
+        "mapped segment, against Mooncake over TCP (Mooncake's own same-host setting is not "
+        "measured).",
+        "Both engines reuse TCP connections unless --engine-pool off. Each figure is from "
+        "that system's faster",
+        "API for the row: b = bytes API (put/get, put_many|put_batch/get_many|get_batch), "
+        "r = registered",
+        "buffers (put_from/get_into, Mooncake batch_put_from/batch_get_into). p99 comes "
+        "from the API chosen by p50.",
     ])
     table = format_table(
-        ["size", "measure", "kvstore TE", "Mooncake", "ratio", "kvstore same-host", "ratio"],
-        [r.cells() for r in rows], align="llrrrrr")
+        HEADERS, [r.cells() for r in rows], align="llrrrrrrr")
     return head + "\n\n" + table
+
+
+HEADERS = ["size", "measure", "kvstore TE", "Mooncake", "ratio", "another reader", "ratio",
+           "memcpy vs MC TCP", "ratio"]
 
 
 @dataclass
@@ -519,7 +572,7 @@ class RangeRow:
             return f"{lo:.2f}-{hi:.2f}x ({self.medians[system]:.2f})"
 
         return [format_size(self.size).replace(".0 ", " "), self.measure, val(TE), val(MC),
-                ratio(TE), val(SHM), ratio(SHM)]
+                ratio(TE), val(TE2), ratio(TE2), val(SHM), ratio(SHM)]
 
 
 def range_rows(runs: list[list[Row]]) -> list[RangeRow]:
@@ -533,7 +586,7 @@ def range_rows(runs: list[list[Row]]) -> list[RangeRow]:
         apis: dict[str, str] = {}
         ratios: dict[str, tuple[float, float]] = {}
         medians: dict[str, float] = {}
-        for system in (TE, MC, SHM):
+        for system in (TE, TE2, MC, SHM):
             vs = [r.values[system] for r in same if system in r.values]
             if vs:
                 values[system] = (min(vs), max(vs))
@@ -553,8 +606,7 @@ def render_ranges(rows: list[RangeRow], runs: int) -> str:
             "ratio in brackets\n(ratio > 1 means kvstore is better); b/r: the API each "
             "system's figures came from, as above.")
     table = format_table(
-        ["size", "measure", "kvstore TE", "Mooncake", "ratio", "kvstore same-host", "ratio"],
-        [r.cells() for r in rows], align="llrrrrr")
+        HEADERS, [r.cells() for r in rows], align="llrrrrrrr")
     return head + "\n\n" + table
 
 
@@ -612,8 +664,11 @@ def plot(rows: list[Row] | list[RangeRow], path: str) -> None:
 
     labels = [f"{format_size(r.size).replace('.0 ', ' ')} {r.measure}" for r in rows]
     x = list(range(len(rows)))
-    has_shm = any(r.ratios.get(SHM) is not None for r in rows)
-    width = 0.4 if has_shm else 0.8
+    shown = [(TE, "kvstore TE / Mooncake"),
+             (TE2, "kvstore TE, another reader / Mooncake"),
+             (SHM, "kvstore memcpy / Mooncake over TCP")]
+    shown = [(s, label) for s, label in shown if any(r.ratios.get(s) is not None for r in rows)]
+    width = 0.8 / max(1, len(shown))
     fig, ax = plt.subplots(figsize=(max(8, 0.6 * len(rows)), 5))
 
     def bars(system: str, xs: list[float], label: str) -> None:
@@ -630,9 +685,8 @@ def plot(rows: list[Row] | list[RangeRow], path: str) -> None:
             ax.bar(xs, [r.ratios.get(system) or 0.0 for r in rows], width,  # type: ignore[misc]
                    label=label)
 
-    bars(TE, [i - width / 2 if has_shm else i for i in x], "kvstore TE / Mooncake")
-    if has_shm:
-        bars(SHM, [i + width / 2 for i in x], "kvstore same-host / Mooncake")
+    for n, (system, label) in enumerate(shown):
+        bars(system, [i + (n - (len(shown) - 1) / 2) * width for i in x], label)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_yscale("log")
     plain = matplotlib.ticker.FuncFormatter(lambda v, _pos: f"{v:g}")
@@ -649,7 +703,7 @@ def plot(rows: list[Row] | list[RangeRow], path: str) -> None:
 
 def _worker_cmd(args: argparse.Namespace, system: str, endpoint: dict[str, str]) -> list[str]:
     cmd = [sys.executable, "-m", MODULE, "--worker", system, "--endpoint", json.dumps(endpoint),
-           "--sizes", args.sizes, "--iters", str(args.iters),
+           "--sizes", args.sizes, "--iters", str(args.iters), "--dram", args.dram,
            "--batch", str(args.batch), "--rounds", str(args.rounds)]
     if args.profile:
         cmd += ["--profile", args.profile]
@@ -659,6 +713,8 @@ def _worker_cmd(args: argparse.Namespace, system: str, endpoint: dict[str, str])
         cmd += ["--no-early-reads"]
     if args.no_one_call_puts:
         cmd += ["--no-one-call-puts"]
+    if args.no_other_reader:
+        cmd += ["--no-other-reader"]
     return cmd
 
 
@@ -704,10 +760,9 @@ def measure_both(args: argparse.Namespace, sizes: list[int], dram: int,
 
 def orchestrate(args: argparse.Namespace, tmp: Path) -> int:
     """Every run, its table, and the figures over all runs (the orchestrator's part)."""
-    if args.mooncake_pool:
-        from bench.clusters import MOONCAKE_ENV
+    from bench.clusters import engine_pool
 
-        MOONCAKE_ENV["MC_TCP_ENABLE_CONNECTION_POOL"] = "1"  # its node and its client
+    engine_pool(args.engine_pool == "on")  # both systems alike
     if args.profile:
         args.profile = str(Path(args.profile).resolve())
         Path(args.profile).mkdir(parents=True, exist_ok=True)
@@ -801,10 +856,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-warm", action="store_true",
                    help="measure without writing each store's memory through first (see "
                         "WARM_SHARE): first-touch page faults then count where they fall")
-    p.add_argument("--mooncake-pool", action="store_true",
-                   help="Mooncake's engine reuses its TCP connections too "
-                        "(MC_TCP_ENABLE_CONNECTION_POOL=1, as ours does by default; Mooncake's "
-                        "default opens one per transfer)")
+    p.add_argument("--engine-pool", choices=["on", "off"], default="on",
+                   help="both systems' engines reuse their TCP connections (on: "
+                        "MC_TCP_ENABLE_CONNECTION_POOL=1, our client's default) or open one "
+                        "per transfer (off: the engine's own default)")
+    p.add_argument("--no-other-reader", action="store_true",
+                   help="skip the rows where a second client of ours reads what the first "
+                        "wrote")
     p.add_argument("--keep-logs", action="store_true", help="keep the temporary log directory")
     # Internal: the client process.
     p.add_argument("--worker", choices=["ours", "mooncake"], help=argparse.SUPPRESS)
@@ -817,6 +875,17 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error(f"--turns must be 1 or more, got {args.turns}")
     if args.quick:
         args.sizes, args.iters, args.rounds = "64KiB,1MiB", 50, 5
+    try:
+        sizes, dram = [parse_size(s) for s in args.sizes.split(",")], parse_size(args.dram)
+    except InvalidArgument as exc:
+        parser.error(str(exc))
+    live = live_bytes(dram)
+    if max(sizes) * args.batch > live:
+        need = math.ceil(max(sizes) * args.batch / LIVE_SHARE)
+        parser.error(f"--dram {args.dram} leaves {format_size(live)} for the objects alive at "
+                     f"once ({LIVE_SHARE:g} of it), less than one batch of {args.batch} x "
+                     f"{format_size(max(sizes))}: give --dram {format_size(need)} or more, "
+                     "or a smaller --batch")
 
 
 def main(argv: list[str] | None = None) -> int:

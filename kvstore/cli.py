@@ -9,6 +9,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+# gRPC's C core, left to itself, logs every failed TLS handshake at INFO ("Handshake
+# failed ... WRONG_VERSION_NUMBER") before the command can say what is wrong in its own
+# words (a TlsMismatch). ERROR is gRPC's documented default; it is read when grpc loads.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 from kvstore import admin
 from kvstore.errors import InvalidArgument, KVStoreError
 from kvstore.logs import ENV_FORMAT, FORMATS, default_format, setup_logging
@@ -47,9 +52,18 @@ def _drain_mover(args: argparse.Namespace) -> Any:
     """`kvstore drain` moves bytes through the client library. This command line is the
     one place where the servers' package and the client meet (see the import contracts
     in pyproject.toml)."""
+    from kvstore.security.credentials import Credentials
     from kvstore_client.mover import SoleCopyMover
 
-    return SoleCopyMover(args.etcd, args.master or None, args.cluster, args.timeout)
+    # The admin's credentials, as the admin calls resolve them (--token, then
+    # $KVSTORE_ADMIN_TOKEN, then the credentials file): the keys the leader hands the
+    # mover carry their tenant's prefix, which a tenant's client token would add again.
+    creds = Credentials.resolve(
+        cluster=f"{args.master or args.etcd}/{args.cluster}", role="admin", token=args.token,
+        tls_ca=args.tls_ca, tls_server_name=args.tls_server_name)
+    return SoleCopyMover(args.etcd, args.master or None, args.cluster, args.timeout,
+                         token=creds.token or None, tls_ca=creds.tls_ca or None,
+                         tls_server_name=creds.tls_server_name or None)
 
 
 def cmd_master(args: argparse.Namespace) -> int:
@@ -75,6 +89,9 @@ def cmd_master(args: argparse.Namespace) -> int:
 def cmd_store(args: argparse.Namespace) -> int:
     from kvstore.store.daemon import StoreDaemon, StoreOptions
 
+    if not args.shutdown_flush >= 0:  # also refuses NaN
+        raise InvalidArgument(f"--shutdown-flush must be seconds >= 0, got {args.shutdown_flush}")
+
     opts = StoreOptions(etcd=args.etcd, dram=parse_size(args.dram), cluster=args.cluster,
                         node_id=args.node_id, host=args.host, protocol=args.protocol,
                         device=args.device, etcd_lease_ttl=args.etcd_lease_ttl,
@@ -83,7 +100,7 @@ def cmd_store(args: argparse.Namespace) -> int:
                         data_dir=args.data_dir,
                         ssd=parse_size(args.ssd) if args.ssd else 0,
                         ssd_fsync=not args.ssd_no_fsync, prefault=not args.no_prefault,
-                        security=_security(args))
+                        shutdown_flush=args.shutdown_flush, security=_security(args))
     return _run_async(lambda: StoreDaemon(opts).run())
 
 
@@ -178,8 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--lease-ttl", type=float, default=30.0, help="default read-lease TTL, s")
     m.add_argument("--max-lease-ttl", type=float, default=60.0,
                    help="cap on read-lease TTLs, s; also how long a new leader holds eviction")
-    m.add_argument("--evict-high", type=float, default=0.90)
-    m.add_argument("--evict-low", type=float, default=0.80)
+    m.add_argument("--evict-high", type=float, default=0.98)
+    m.add_argument("--evict-low", type=float, default=0.97)
     m.add_argument("--replicas", type=int, default=1, help="default replicas per object")
     m.add_argument("--etcd-lease-ttl", type=int, default=5)
     m.add_argument("--ack-timeout", type=float, default=3.0,
@@ -215,6 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ssd", default="", help="SSD tier cap in bytes on disk, e.g. 100GiB")
     s.add_argument("--ssd-no-fsync", action="store_true",
                    help="skip fsync on SSD writes (faster; a crash may lose recent demotions)")
+    s.add_argument("--shutdown-flush", type=float, default=20.0, metavar="SECONDS",
+                   help="on SIGTERM, spend at most this long writing the DRAM objects to the "
+                        "SSD tier, so that a restart keeps them (0: do not; keep it below "
+                        "the service manager's stop timeout) (default %(default)s)")
     security(s)
     s.set_defaults(func=cmd_store)
 

@@ -25,8 +25,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+
 from kvstore.errors import InvalidArgument, Unavailable
-from kvstore.security.credentials import credentials_path
+from kvstore.security.credentials import Credentials, credentials_path
 from kvstore.security.devca import (
     DEV_TENANT,
     ensure_dev_secrets,
@@ -106,6 +108,9 @@ class DevCluster:
             if not port_is_free(port):
                 raise InvalidArgument(f"port {port} for {what} is in use; choose another port "
                                       "or stop what holds it")
+        # Absolute: the credentials file names the CA under it, and a client started in
+        # another directory (a second terminal, a notebook) must find it.
+        o.data_dir = o.data_dir.resolve()
         o.data_dir.mkdir(parents=True, exist_ok=True)
         etcd = f"127.0.0.1:{o.etcd_port}"
         logs = o.data_dir / "logs"
@@ -130,7 +135,45 @@ class DevCluster:
         for i in range(o.nodes):
             self._spawn(f"store-{i}", [*kv, "store", "--etcd", etcd, "--dram", o.dram,
                                        "--cluster", o.cluster, "--node-id", f"node-{i}",
-                                       *secure, *o.extra_store_args], logs)
+                                       *secure,
+                                       # "{node}" in an argument: this node's number
+                                       *[a.replace("{node}", str(i)) for a in o.extra_store_args]],
+                        logs)
+        # What this run wrote, not what the environment says: KVSTORE_TLS_CA set for
+        # another cluster must not stop this one from coming up.
+        self.wait_for_nodes(Credentials(token=sec.admin_token, tls_ca=str(sec.ca))
+                            if o.secure else Credentials())
+
+    def wait_for_nodes(self, creds: Credentials, timeout: float = 120.0) -> None:
+        """Return once the leader has mounted every node's DRAM segment: "up" means a put
+        succeeds now. A node prefaults its DRAM before it mounts (about 0.5 s per GiB),
+        so this can take a while with a large --dram."""
+        from kvstore.v1 import master_pb2 as pb
+        from kvstore.v1 import master_pb2_grpc as pbg
+
+        o = self.opts
+        address = f"127.0.0.1:{o.master_port}"
+        deadline = time.monotonic() + timeout
+        mounted: set[str] = set()
+        with creds.grpc_channel(address, o.secure, []) as channel:
+            stub = pbg.MasterStub(channel)
+            while time.monotonic() < deadline:
+                for name, proc in self.procs:
+                    if proc.poll() is not None:
+                        raise Unavailable(f"{name} exited with code {proc.returncode} while "
+                                          f"starting (see {o.data_dir / 'logs' / (name + '.log')})")
+                try:
+                    reply = stub.ClusterStatus(pb.ClusterStatusRequest(), timeout=2.0,
+                                               metadata=creds.metadata())
+                except grpc.RpcError:
+                    reply = None  # not elected yet
+                if reply is not None and not reply.error.code:
+                    mounted = {n.node_id for n in reply.nodes if n.tier == "dram"}
+                    if len(mounted) >= o.nodes:
+                        return
+                time.sleep(0.05)
+        raise Unavailable(f"{o.nodes - len(mounted)} of {o.nodes} store node(s) did not mount "
+                          f"within {timeout:.0f} s (see {o.data_dir / 'logs'})")
 
     def _spawn(self, name: str, cmd: list[str], logs: Path) -> subprocess.Popen[bytes]:
         log = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the child

@@ -131,6 +131,31 @@ class Ours(System):
         self.c.close()
 
 
+class OtherReader(Ours):
+    """Reads what another client wrote: its own `KVStoreClient` (and engine) reads, the
+    `writer` puts and removes. It has seen none of the keys, so every get asks where
+    before reading, as a second inference engine would; the writer's early reads and
+    one-call puts do not help it. Registered with the writer's buffer, so the same
+    source and destination slots serve both."""
+
+    def __init__(self, name: str, etcd: str, writer: Ours, buffer_size: int,
+                 **options: Any) -> None:
+        super().__init__(name, etcd, writer.slots, buffer_size, **options)
+        self.writer = writer
+
+    def put(self, key: str, value: bytes) -> None:
+        self.writer.put(key, value)
+
+    def put_many(self, keys: list[str], value: bytes) -> None:
+        self.writer.put_many(keys, value)
+
+    def put_from(self, keys: list[str]) -> None:
+        self.writer.put_from(keys)
+
+    def remove(self, keys: list[str]) -> None:
+        self.writer.remove(keys)
+
+
 # The client's phase names (see KVStoreClient.phase_timer) as --phases prints them.
 PHASE_NAMES = {
     "later": "later {} send",       # a refill sent after a commit (reservations.py)

@@ -184,8 +184,10 @@ def unreachable_fast(control: Any, given_up: str) -> str:
     """The fast address to give up now (see the module doc), else `given_up` unchanged."""
     if isinstance(control, FastControl | AsyncFastControl) and \
             control.channel.connect_failures >= FAST_GIVE_UP and control.address != given_up:
-        log.warning("cannot connect to the master's fast channel at %s (%d attempts); using "
-                    "gRPC until a new leader is announced. Is that port open to clients?",
+        log.warning("cannot connect to the master's fast channel at %s (%d attempts): that "
+                    "master is gone (stopped, or failing over: a new leader is announced within "
+                    "the etcd lease TTL) or, if it still runs, the port is closed to clients; "
+                    "using gRPC until a new leader is announced",
                     control.address, control.channel.connect_failures)
         return control.address
     return given_up

@@ -18,9 +18,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from kvstore.checksum import checksum
+from kvstore.checksum import matches
 from kvstore.errors import KVStoreError, Unavailable, Unsettled
 from kvstore.transfer import Transfer
+from kvstore_client.buffers import DEVICE_MEMORY
 from kvstore_client.clock import MONOTONIC, Clock, MonotonicClock
 from kvstore_client.local import LocalSegment, LocalSegments
 from kvstore_client.stats import ClientStats
@@ -150,7 +151,9 @@ class DataPath:
                 t.failed[target] = dead[target]
                 continue
             local = self.local.get(*target)
-            if local is not None and all(local.contains(x.remote, x.size) for x in items):
+            if local is not None and all(local.contains(x.remote, x.size) for x in items) \
+                    and not (DEVICE_MEMORY and any(DEVICE_MEMORY.covers(x.local, x.size)
+                                                   for x in items)):  # a CPU copy
                 self._local_known[target] = True
                 t.local.append((target, local, items))
             else:
@@ -368,6 +371,6 @@ def groups(sizes: Sequence[int]) -> list[tuple[int, int]]:
 
 def _verify(x: Xfer) -> None:
     if x.view is not None:
-        x.ok = checksum(x.view) == x.checksum
+        x.ok = matches(x.view, x.checksum)
 
 

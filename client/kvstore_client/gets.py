@@ -55,7 +55,7 @@ def _get_once(st: ClientState, keys: list[bytes], todo: list[int],
     """One attempt at keys[i] for i in todo, into the staging buffer; the i to try again."""
     sent = st.now()
     asked = [keys[i] for i in todo]
-    request = pb.GetReplicasRequest(keys=asked, holder=st.writer_id)
+    request = pb.GetReplicasRequest(keys=asked, holder=st.writer_id, columns=True)
     seen = st.placements.recall(asked)
     read_early, early_dests = _early_staging(st, seen)
     reply, got_early = yield from early.ask(st, request, read_early, early_dests)
@@ -172,7 +172,7 @@ def get_into(st: ClientState, keys: Sequence[bytes], buffers: Sequence[Any],
         for lo, hi in spans:
             sent_at = st.now()
             request = pb.GetReplicasRequest(keys=checked[lo:hi], lease_id=lease.id if lease else 0,
-                                            holder=st.writer_id)
+                                            holder=st.writer_id, columns=True)
             reply, got_early = yield from early.ask(st, request, seen, dests)
             if reply.lease_id and lease is None:
                 leases.append(reply.lease_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from typing import Any
 
 from kvstore.errors import Code, KVStoreError
 from kvstore_client.client import KVStoreClient
@@ -20,8 +21,12 @@ class SoleCopyMover:
     lazily: it brings up a Transfer Engine."""
 
     def __init__(self, etcd: str, master: str | None = None, cluster: str = "default",
-                 timeout: float = 10.0) -> None:
+                 timeout: float = 10.0, **credentials: Any) -> None:
+        """`credentials`: the client's token= and tls_*= (ClientOptions). `kvstore drain`
+        passes the admin's: a tenant's client token would prefix the keys it is handed,
+        which already carry their tenant's prefix."""
         self._etcd, self._master, self._cluster, self._timeout = etcd, master, cluster, timeout
+        self._credentials = credentials
         self._client: KVStoreClient | None = None
         self.moved = 0
         self.moved_bytes = 0
@@ -31,7 +36,8 @@ class SoleCopyMover:
     def client(self) -> KVStoreClient:
         if self._client is None:
             self._client = KVStoreClient(self._etcd, master=self._master or None,
-                                         cluster=self._cluster, timeout=self._timeout)
+                                         cluster=self._cluster, timeout=self._timeout,
+                                         **self._credentials)
         return self._client
 
     def close(self) -> None:

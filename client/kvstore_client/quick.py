@@ -46,11 +46,12 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from kvstore.checksum import checksum
+from kvstore.checksum import matches
 from kvstore.errors import Code, KVStoreError, check_key
+from kvstore.rpc.columns import read_items
 from kvstore.v1 import master_pb2 as pb
 from kvstore_client import datapath
-from kvstore_client.buffers import Dest
+from kvstore_client.buffers import DEVICE_MEMORY, Dest
 from kvstore_client.control import Retry
 from kvstore_client.early import confirmed
 from kvstore_client.state import ClientState
@@ -100,6 +101,8 @@ def read_one(st: ClientState, control: Any, key: bytes, dest: Dest | None,  # no
         dest = Dest(staging.addr, staging.view)
     elif size > dest.view.nbytes:
         return SLOW
+    elif local is not None and DEVICE_MEMORY.covers(dest.addr, size):
+        return SLOW  # GPU memory: the engine moves it, never a CPU copy
     view = dest.view[:size]
     sent = st.now()
     tid = 0
@@ -108,7 +111,7 @@ def read_one(st: ClientState, control: Any, key: bytes, dest: Dest | None,  # no
             tid = st.transfer.start(seen.segment, dest.addr, seen.addr, size, False)
         except KVStoreError:
             return SLOW
-    request = pb.GetReplicasRequest(keys=[key], holder=st.writer_id, unpinned=True)
+    request = pb.GetReplicasRequest(keys=[key], holder=st.writer_id, unpinned=True, columns=True)
     reply: Any = None
     landed: bool | None = None
     try:
@@ -133,16 +136,17 @@ def read_one(st: ClientState, control: Any, key: bytes, dest: Dest | None,  # no
         return SLOW
     lease_id = reply.lease_id  # 0 but from a master that does not know `unpinned`
     try:
-        if len(reply.items) != 1:
+        items = read_items(reply)
+        if len(items) != 1:
             return SLOW
-        item = reply.items[0]
+        item = items[0]
         if item.code == Code.NOT_FOUND:
             st.placements.forget(key)
             st.stats.gets += 1
             return None
         if (item.code != Code.OK or not item.locations or not landed
                 or (lease_id and st.now() > sent + reply.ttl_remaining)
-                or not confirmed(seen, reply.epoch, item) or checksum(view) != seen.checksum):
+                or not confirmed(seen, reply.epoch, item) or not matches(view, seen.checksum)):
             return SLOW
         stats = st.stats
         stats.gets += 1

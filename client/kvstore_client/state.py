@@ -17,7 +17,7 @@ from typing import Any
 from kvstore.coord.layout import Layout
 from kvstore.errors import InvalidArgument, KVStoreError
 from kvstore.transfer import Transfer
-from kvstore_client.buffers import Dest, Regions, buffer_address
+from kvstore_client.buffers import DEVICE_MEMORY, Dest, Regions, buffer_address, on_device
 from kvstore_client.clock import MONOTONIC, Clock
 from kvstore_client.control import from_stale_leader
 from kvstore_client.datapath import DataPath
@@ -119,14 +119,17 @@ class ClientState(DataPath):
     # -- registered memory ---------------------------------------------------------------
 
     def register(self, buffer: Any) -> None:
-        addr, nbytes = buffer_address(buffer)
+        addr, nbytes = buffer_address(buffer)  # refuses what the engine cannot move
         self.transfer.register(addr, nbytes)
         self.regions.add(addr, nbytes)
+        if on_device(buffer):
+            DEVICE_MEMORY.add(addr, nbytes)
 
     def unregister(self, buffer: Any) -> None:
         addr, nbytes = buffer_address(buffer)
         self.transfer.unregister(addr)
         self.regions.remove(addr, nbytes)
+        DEVICE_MEMORY.remove(addr, nbytes)
 
     def dest(self, buffer: Any) -> Dest:
         return self.regions.dest(buffer)

@@ -52,11 +52,13 @@ def register(sub: Any, make_mover: MakeMover | None = None) -> None:
     k.add_argument("--prefix", default="", help="keys starting with this (escaped text, or hex with --hex)")
     k.add_argument("--limit", type=int, default=100, help="at most this many (default %(default)s)")
     k.add_argument("--hex", action="store_true", help="--prefix is hex digits")
+    _tenant_arg(k)
 
     i = cmd("inspect", "one object: state, size, replicas, pins, last access", inspect)
     i.add_argument("keys", nargs="+", metavar="KEY",
                    help="the key as `kvstore keys` prints it (\\xNN escapes), or hex with --hex")
     i.add_argument("--hex", action="store_true", help="KEY is hex digits")
+    _tenant_arg(i)
 
     e = cmd("evict", "evict unpinned objects down to a fraction of the DRAM pool", evict)
     e.add_argument("--to", type=float, required=True, metavar="RATIO",
@@ -91,3 +93,10 @@ def register(sub: Any, make_mover: MakeMover | None = None) -> None:
     add_connection_args(u)
     u.add_argument("names", nargs="+", metavar="NAME")
     u.set_defaults(func=config_unset)
+
+
+def _tenant_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tenant", default=None,
+                   help="a client's keys are stored as TENANT/KEY: also look for KEY under "
+                        "this tenant (default: the tenant of the client token in "
+                        "$KVSTORE_TOKEN or the credentials file, if any)")

@@ -14,6 +14,10 @@ from kvstore.v1 import master_pb2 as pb
 
 # ------------------------------------------------------------------ status
 
+_PENDING_WHY = ("pending: puts being written, or left by a writer that went away before "
+                "committing (a client that died or retried after a failover); those are "
+                "reclaimed --put-timeout after they started (`kvstore keys` shows the writer)")
+
 
 def _segments(nodes: Iterable[pb.NodeStatus]) -> list[dict[str, Any]]:
     return [{"node_id": n.node_id, "segment": n.segment, "tier": n.tier, "capacity": n.capacity,
@@ -94,6 +98,10 @@ def status(args: argparse.Namespace) -> int:
     rows += [
         ["objects", f"{info['objects']['complete']} complete, {info['objects']['pending']} pending "
                     f"({size(info['bytes']['complete'])})"],
+    ]
+    if info["objects"]["pending"]:
+        rows.append(["", _PENDING_WHY])
+    rows += [
         ["leases", f"{info['active_leases']} active"],
         ["hit ratio", f"{ratio_text(hr['hit_keys'], hr['lookup_keys'])} over the last "
                       f"{seconds(hr['seconds'])} ({hr['hit_keys']}/{hr['lookup_keys']} keys)"],

@@ -14,12 +14,16 @@ import grpc
 
 from kvstore.coord.etcd import read_items_sync, read_key_sync
 from kvstore.coord.layout import Layout, MasterRecord
-from kvstore.errors import Code, Unavailable, error_for
+from kvstore.errors import Code, TlsMismatch, Unavailable, error_for
 from kvstore.security.credentials import Credentials
+from kvstore.security.tls import speaks_tls
 from kvstore.v1 import master_pb2_grpc as pbg
 
 # A ListKeys reply of 10,000 keys of up to 1 KiB is larger than gRPC's 4 MiB default.
 _OPTIONS = [("grpc.max_receive_message_length", 64 << 20)]
+# What gRPC's details say when a TLS handshake met a plaintext server.
+_NOT_TLS = "WRONG_VERSION_NUMBER"
+_PROBE_TIMEOUT = 2.0  # s: asking a plaintext-refusing master whether it speaks TLS
 
 
 def add_connection_args(p: argparse.ArgumentParser) -> None:
@@ -101,6 +105,19 @@ class Admin:
             self._stub = pbg.MasterStub(self._channel)
         return self._stub
 
+    def _wrong_layer(self, exc: grpc.RpcError) -> TlsMismatch | None:
+        """The client library's sentence for TLS against a plaintext master, or the
+        reverse (Credentials.mismatch), instead of "did not answer"."""
+        if exc.code() != grpc.StatusCode.UNAVAILABLE:
+            return None
+        if self.creds.wants_tls(self._tls):
+            if _NOT_TLS in (exc.details() or ""):
+                return self.creds.mismatch(self.address, False)
+            return None
+        if speaks_tls(self.address, min(self.timeout, _PROBE_TIMEOUT)):
+            return self.creds.mismatch(self.address, True)
+        return None
+
     # -- calls ----------------------------------------------------------------------
 
     def call(self, method: str, request: Any) -> Any:
@@ -115,6 +132,9 @@ class Admin:
                 if code == grpc.StatusCode.UNIMPLEMENTED:
                     raise Unavailable(f"the master at {self.address} does not know {method}; "
                                       "upgrade it to this kvstore version") from exc
+                mismatch = self._wrong_layer(exc)
+                if mismatch is not None:
+                    raise mismatch from exc
                 raise Unavailable(f"the master at {self.address} did not answer {method} "
                                   f"({code.name}); is it running?") from exc
             if reply.error.code == Code.NOT_LEADER and not self.fixed and attempt == 0:

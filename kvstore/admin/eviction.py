@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 from kvstore.admin.connect import Admin
@@ -11,8 +12,12 @@ from kvstore.errors import InvalidArgument
 from kvstore.v1 import master_pb2 as pb
 
 
-def evictions_dict(r: pb.EvictionStatsResponse) -> dict[str, Any]:
+def evictions_dict(r: pb.EvictionStatsResponse,
+                   counters: dict[str, Any] | None = None) -> dict[str, Any]:
+    c = counters or {}
     return {
+        "pin_capped": {"lookups": int(c.get("pin_capped", 0)),
+                       "keys": int(c.get("pin_capped_keys", 0))},
         "epoch": r.epoch,
         "recent_seconds": round(r.recent_seconds, 3),
         "tiers": [{
@@ -34,7 +39,8 @@ def evictions_dict(r: pb.EvictionStatsResponse) -> dict[str, Any]:
 def evictions(args: argparse.Namespace) -> int:
     with Admin(args) as admin:
         reply = admin.call("EvictionStats", pb.EvictionStatsRequest())
-    d = evictions_dict(reply)
+        status = admin.call("ClusterStatus", pb.ClusterStatusRequest())
+    d = evictions_dict(reply, json.loads(status.counters_json or "{}"))
     if args.json:
         emit_json(d)
         return 0
@@ -59,6 +65,10 @@ def evictions(args: argparse.Namespace) -> int:
                     f"not free; {size(b['pinned_bytes_last'])} pinned the last time"
          if b["count"] else "never: eviction always reached its target"],
     ]
+    capped = d["pin_capped"]
+    rows.append(["pin cap", f"{capped['lookups']} lookup(s) cut short, {capped['keys']} key(s) "
+                 "not reported (a client or tenant at pin_share of the pool)"
+                 if capped["lookups"] else "never reached"])
     if d["held_seconds"]:
         rows.append(["held", f"{seconds(d['held_seconds'])} more (after a master failover)"])
     print(table(rows))

@@ -12,8 +12,13 @@ from typing import Any
 
 from kvstore.admin.connect import Admin
 from kvstore.admin.output import emit_json, escape_key, key_json, parse_key, seconds, size, table
-from kvstore.errors import InvalidArgument
+from kvstore.errors import InvalidArgument, KVStoreError
+from kvstore.security.access import SEPARATOR
+from kvstore.security.credentials import Credentials
 from kvstore.v1 import master_pb2 as pb
+
+_PER_TENANT = ("; keys are per tenant: a client's key KEY is stored as TENANT/KEY (e.g. "
+               "dev/KEY on `kvstore up`'s cluster); pass --tenant NAME or the full key")
 
 
 def object_dict(o: pb.ObjectInfo) -> dict[str, Any]:
@@ -31,20 +36,48 @@ def object_dict(o: pb.ObjectInfo) -> dict[str, Any]:
     }
 
 
+def tenant_prefix(admin: Admin, args: argparse.Namespace) -> bytes:
+    """The prefix a client's keys carry on the master (`TENANT/`), for the tenant named
+    by --tenant, else the one of the client token this user's clients present (the
+    credentials file's entry, or $KVSTORE_TOKEN); b"" when there is none."""
+    name = getattr(args, "tenant", None)
+    if name is None:
+        token = Credentials.resolve(cluster=admin.creds.entry, role="client").token
+        if not token:
+            return b""
+        try:
+            name = admin.call("Authenticate", pb.AuthenticateRequest(token=token)).tenant
+        except KVStoreError:
+            return b""  # an old master, or a token it does not know: no guess
+    return name.encode() + SEPARATOR if name else b""
+
+
 def keys(args: argparse.Namespace) -> int:
     if args.limit < 1:
         raise InvalidArgument(f"--limit must be >= 1, got {args.limit}")
     prefix = parse_key(args.prefix, args.hex) if args.prefix else b""
+    asked = prefix
     with Admin(args) as admin:
         reply = admin.call("ListKeys", pb.ListKeysRequest(prefix=prefix, limit=args.limit))
+        if not reply.objects and prefix:
+            # Keys are per tenant: a client's `block-1` is `dev/block-1` here.
+            tenant = tenant_prefix(admin, args)
+            if tenant and not prefix.startswith(tenant):
+                prefix = tenant + prefix
+                reply = admin.call("ListKeys", pb.ListKeysRequest(prefix=prefix, limit=args.limit))
     objects = [object_dict(o) for o in reply.objects]
     if args.json:
         emit_json({"epoch": reply.epoch, "prefix": escape_key(prefix), "objects": objects,
                    "truncated": reply.truncated})
         return 0
     if not objects:
-        print("no keys" + (f" start with {escape_key(prefix)!r}" if prefix else ""))
+        print("no keys" + (f" start with {escape_key(asked)!r}" if asked else "")
+              + (f" or {escape_key(prefix)!r}" if prefix != asked else "")
+              + (_PER_TENANT if asked and prefix == asked and SEPARATOR not in asked else ""))
         return 0
+    if prefix != asked:
+        print(f"no keys start with {escape_key(asked)!r}; these are the tenant's keys "
+              f"that do (a client's keys are stored as TENANT/KEY):")
     rows = [["KEY", "STATE", "SIZE", "REPLICAS", "PINS", "IDLE"]]
     rows += [[o["key"], o["state"], size(o["size"]),
               ",".join(f"{r['node_id']}/{r['tier']}" for r in o["replicas"]),
@@ -59,8 +92,16 @@ def inspect(args: argparse.Namespace) -> int:
     wanted = [parse_key(k, args.hex) for k in args.keys]
     with Admin(args) as admin:
         reply = admin.call("Inspect", pb.KeysRequest(keys=wanted))
-    found = [(k, item.object if item.code == 0 else None)
-             for k, item in zip(wanted, reply.items, strict=True)]
+        found = [(k, item.object if item.code == 0 else None)
+                 for k, item in zip(wanted, reply.items, strict=True)]
+        missing = [i for i, (_, o) in enumerate(found) if o is None]
+        tenant = tenant_prefix(admin, args) if missing else b""
+        if tenant:
+            # Keys are per tenant: look for the missing ones under the tenant's prefix.
+            again = admin.call("Inspect", pb.KeysRequest(keys=[tenant + wanted[i] for i in missing]))
+            for i, item in zip(missing, again.items, strict=True):
+                if item.code == 0:
+                    found[i] = (wanted[i], item.object)  # asked as the tenant named it
     if args.json:
         out = [object_dict(o) | {"found": True} if o is not None else key_json(k) | {"found": False}
                for k, o in found]
@@ -70,8 +111,15 @@ def inspect(args: argparse.Namespace) -> int:
         if i:
             print()
         if o is None:
-            print(table([["key", escape_key(k)], ["state", "not found"]]))
+            rows = [["key", escape_key(k)], ["state", "not found"]]
+            if SEPARATOR not in k:
+                rows.append(["note", _PER_TENANT.lstrip("; ")])
+            print(table(rows))
             continue
+        if k != o.key:
+            tenant_name = o.key.split(SEPARATOR)[0].decode(errors="replace")
+            print(f"{escape_key(k)} is tenant {tenant_name!r}'s key {escape_key(o.key)} (keys "
+                  "are per tenant: a client's key KEY is stored as TENANT/KEY)")
         d = object_dict(o)
         rows = [
             ["key", d["key"]],

@@ -137,6 +137,7 @@ class ProgressBar:
         self._last_quarter = -1
         self._done = 0
         self._note = ""
+        self._last_line = ""
 
     def render(self) -> str:
         total = max(self.total, self._done)
@@ -165,7 +166,7 @@ class ProgressBar:
         quarter = int(4 * self._done / total_) if total_ else 4
         if quarter > self._last_quarter and quarter < 4:
             self._last_quarter = quarter
-            print(self.render(), file=self.stream)
+            self._print(self.render())
 
     def finish(self, note: str = "") -> None:
         if note:
@@ -175,5 +176,12 @@ class ProgressBar:
         if self._tty:
             self.stream.write("\r\x1b[K" + self.render() + "\n")
         else:
-            print(self.render(), file=self.stream)
+            self._print(self.render())
         self.stream.flush()
+
+    def _print(self, line: str) -> None:
+        """One line of a log or pipe; the same line twice in a row (nothing moved since,
+        or the end reached at a quarter) is printed once."""
+        if line != self._last_line:
+            self._last_line = line
+            print(line, file=self.stream)

@@ -343,10 +343,13 @@ class MasterDaemon:
         while True:
             await self._moves_wanted.wait()
             self._moves_wanted.clear()
-            groups: dict[str, list[TierMove]] = {}
+            # Promotions travel apart from demotions: a reader waits for a promotion,
+            # and a Move with demotions answers only after the node's SSD flush, which
+            # a promotion has no need of.
+            groups: dict[tuple[str, bool], list[TierMove]] = {}
             for m in self.core.take_tier_moves():
-                groups.setdefault(m.node_id, []).append(m)
-            for node_id, moves in groups.items():
+                groups.setdefault((m.node_id, m.kind == "promote"), []).append(m)
+            for (node_id, _), moves in sorted(groups.items(), key=lambda g: not g[0][1]):
                 task = asyncio.create_task(self._run_moves(node_id, moves))
                 self._inflight.add(task)
                 task.add_done_callback(self._inflight.discard)

@@ -22,7 +22,8 @@ _LATENCY_BUCKETS = (
 # Monotonic counters of CoreStats, exported as kvstore_master_<name>_total.
 _COUNTERS = ("lookups", "lookup_keys", "hit_keys", "leases_granted", "leases_expired",
              "leases_released", "evictions", "evicted_bytes", "reclaimed_pending",
-             "put_failures", "eviction_blocked", "eviction_blocked_bytes", "quota_evictions")
+             "put_failures", "eviction_blocked", "eviction_blocked_bytes", "quota_evictions",
+             "pin_capped", "pin_capped_keys")
 
 
 def counters(stats: Any) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from kvstore.master.core import Location, MasterCore, ObjectInfo, SegmentStats
 from kvstore.master.core.config import live_settings
 from kvstore.master.durability import Placed
 from kvstore.master.metrics import MasterMetrics, counters
+from kvstore.rpc import columns
 from kvstore.rpc.methods import METHODS
 from kvstore.security.access import OPEN, Authenticator, Principal, Role
 from kvstore.v1 import common_pb2 as cpb
@@ -339,6 +340,9 @@ class MasterService(pbg.MasterServicer):
                                    pin=not request.unpinned)
         reply = (pb.GetReplicasResponse(lease_id=r.lease_id, ttl_remaining=self._ttl(r.expires_at))
                  if r.lease_id else pb.GetReplicasResponse())  # unpinned, or nothing found
+        if request.columns:  # one packed array per field (kvstore/rpc/columns.py)
+            columns.fill(reply.columns, r.results)
+            return reply
         add = reply.items.add
         for i in r.results:
             # Fields as keywords of add(): one call instead of one store per field.
@@ -384,7 +388,7 @@ class MasterService(pbg.MasterServicer):
             bytes_complete=s.bytes_complete,
             bytes_pending=s.bytes_pending,
             active_leases=s.active_leases,
-            counters_json=json.dumps(counters(s)),
+            counters_json=json.dumps({**counters(s), **self.core.tier_counters()}),
             recent_lookup_keys=s.recent.get("lookup_keys", 0),
             recent_hit_keys=s.recent.get("hit_keys", 0),
             recent_seconds=s.recent_seconds,

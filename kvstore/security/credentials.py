@@ -58,9 +58,19 @@ class Credentials:
     tls_ca_from: str = field(default="", compare=False)
     file: str = field(default="", compare=False)
     entry: str = field(default="", compare=False)
+    # (field, where it came from) for the files given: for the sentence of a missing one
+    sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     @property
     def tls(self) -> ClientTls:
+        """How to check the master; raises InvalidArgument, naming the file and where it
+        was named, if a file it needs is not there (an untyped FileNotFoundError at the
+        first connection otherwise)."""
+        given = dict(self.sources)
+        for name in _FILES:
+            value = getattr(self, name)
+            if value:
+                _check_file(value, name, given.get(name, "argument"), self.file, self.entry)
         return ClientTls(self.tls_ca, self.tls_cert, self.tls_key, self.tls_server_name)
 
     def wants_tls(self, announced: bool) -> bool:
@@ -113,6 +123,7 @@ class Credentials:
         entry = _read_file(path).get(cluster) if cluster else None
         stored: dict[str, Any] = entry if isinstance(entry, dict) else {}
         out: dict[str, str] = {"file": str(path), "entry": cluster}
+        sources: dict[str, str] = {}
         for name, env in ENV.items():
             value, source = given.get(name), "argument"
             if value is None:
@@ -125,7 +136,29 @@ class Credentials:
             out[name] = value
             if name == "tls_ca" and value:
                 out["tls_ca_from"] = source
-        return cls(**out)
+            if name in _FILES and value:
+                sources[name] = source
+        return cls(**out, sources=tuple(sources.items()))
+
+
+_FILES = {"tls_ca": "CA", "tls_cert": "client certificate", "tls_key": "client key"}
+
+
+def _check_file(value: str, name: str, source: str, path: str, cluster: str) -> None:
+    if Path(value).is_file():
+        return
+    what = _FILES[name]
+    where = {
+        "argument": f"{name}=",
+        "environment": f"${ENV[name]}",
+    }.get(source, f"\"{name}\" in the entry {cluster!r} of the credentials file {path}")
+    hint = ""
+    if source == "file" and not Path(value).is_absolute():
+        hint = (" (a path relative to the directory `kvstore up` ran in, by an older "
+                "kvstore; run `kvstore up` again, which writes absolute paths, or make it absolute)")
+    elif source == "file":
+        hint = " (was the dev cluster's data directory removed? run `kvstore up` again)"
+    raise InvalidArgument(f"the {what} file {value} named by {where} does not exist{hint}")
 
 
 def _read_file(path: Path) -> dict[str, Any]:

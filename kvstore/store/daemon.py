@@ -12,7 +12,8 @@ Life of a node:
    membership watch sees another pid, drops the old incarnation's replicas and adopts
    this one's inventory (its re-indexed SSD objects), without waiting for the old lease;
 5. mount the segment at the current leader (and again whenever the leader changes);
-6. on SIGTERM: unmount, delete the key, revoke the lease.
+6. on SIGTERM: unmount, write the DRAM objects to the SSD tier if it has one (bounded
+   by --shutdown-flush; store/shutdown.py), delete the key, revoke the lease.
 
 An incarnation whose key now names another one (it was frozen, and a newer process took
 its id meanwhile) has been fenced: it stops, exit FENCED_EXIT, without touching the key
@@ -47,6 +48,7 @@ from kvstore.store import identity
 from kvstore.store.inventory import Inventory
 from kvstore.store.segment import DramSegment
 from kvstore.store.service import StoreNodeService
+from kvstore.store.shutdown import flush_to_ssd, log_report
 from kvstore.store.ssd import SsdTier
 from kvstore.store.tier_metrics import NodeCollector, TierCounters, serve_metrics
 from kvstore.transfer import Transfer
@@ -81,6 +83,8 @@ class StoreOptions:
     ssd: int = 0  # SSD tier cap in bytes on disk
     ssd_fsync: bool = True
     prefault: bool = True  # reserve and map the DRAM segment at start (see segment.py)
+    # SIGTERM: seconds to write DRAM objects to the SSD tier before leaving (0: none)
+    shutdown_flush: float = 20.0
     security: DaemonSecurity | None = None
 
 
@@ -438,6 +442,26 @@ class StoreDaemon:
         log.info("node %s mounted at master %s (epoch %d)", self.node_id, address, reply.epoch)
         return True
 
+    async def _flush_to_ssd(self) -> None:
+        """SIGTERM with an SSD tier: write the DRAM objects there before leaving, within
+        --shutdown-flush seconds, so that a restart brings them back (store/shutdown.py).
+        A fenced incarnation writes nothing: the id, and what it holds, are a newer one's."""
+        if self.ssd is None or self.segment is None or self._fenced or self.opts.shutdown_flush <= 0:
+            return
+        held = self.inventory.dram()
+        if not held:
+            return
+        log.info("node %s: writing %d DRAM objects to its SSD tier before it stops (at most "
+                 "%g s)", self.node_id, len(held), self.opts.shutdown_flush)
+        try:
+            report = await asyncio.to_thread(flush_to_ssd, held, self.segment.view, self.ssd,
+                                             self.opts.shutdown_flush)
+        except KVStoreError as exc:
+            log.error("node %s: writing its DRAM objects to SSD failed: %s", self.node_id,
+                      exc.message)
+            return
+        log_report(self.node_id, report, self.opts.shutdown_flush)
+
     async def _leave(self) -> None:
         """Clean stop: tell the leader first, so no reader is sent here after we are gone.
         Fenced (our id's key names a newer incarnation): unmount nothing, delete nothing;
@@ -450,7 +474,11 @@ class StoreDaemon:
                 async with self.security.channel(master.address, master.tls) as channel:
                     await pbg.MasterStub(channel).UnmountSegment(
                         pb.UnmountSegmentRequest(node_id=self.node_id), timeout=3.0)
+        # After the unmount: the leader places nothing more here while it runs (a put
+        # acknowledged into DRAM now would be lost at exit), and the DRAM it writes holds
+        # still. The next start's inventory brings the objects back.
         if ours:
+            await self._flush_to_ssd()
             with contextlib.suppress(Exception):
                 await self.etcd.delete(self.layout.node(self.node_id))
         if self.lease_id:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from kvstore.checksum import checksum
+from kvstore.checksum import matches
 from kvstore.errors import Code, KVStoreError
 from kvstore.store.inventory import Held, Inventory
 from kvstore.store.segment import DramSegment
@@ -16,6 +17,8 @@ from kvstore.v1 import store_pb2 as spb
 from kvstore.v1 import store_pb2_grpc as spbg
 
 _STALE = "a newer leader has taken over; this master's epoch is stale"
+# Demotions of objects up to this size in one Move are written as one pack file.
+PACK_BELOW = 256 << 10
 
 
 def _stale(response: Any) -> Any:
@@ -31,6 +34,9 @@ class StoreNodeService(spbg.StoreNodeServicer):
         self.ssd = ssd
         self.counters = counters
         self.ssd_tokens: dict[bytes, int] = {}  # key -> the leader's SSD reservation
+        # Promotions read on threads of their own: a reader waits for them, and in the
+        # shared pool they queued behind a flood of demotion writes.
+        self._promoting = ThreadPoolExecutor(4, thread_name_prefix="promote")
 
     async def Apply(self, request: spb.ApplyRequest, context: Any) -> spb.ApplyResponse:
         if not self.inventory.admit_epoch(request.epoch):
@@ -114,8 +120,23 @@ class StoreNodeService(spbg.StoreNodeServicer):
         items = list(request.items)
         # Disk I/O runs in worker threads, several at once, off the event loop: the
         # node keeps answering the leader (and its etcd keepalive) meanwhile.
-        codes = list(await asyncio.gather(*(asyncio.to_thread(self._move, item)
-                                            for item in items)))
+        loop = asyncio.get_running_loop()
+        small = [i for i, item in enumerate(items) if item.kind == "demote"
+                 and 0 < item.size <= PACK_BELOW and item.dram_offset + item.size <= self.segment.size]
+        if len(small) < 2 or self.ssd is None:
+            small = []
+        packed = set(small)
+        codes = list(await asyncio.gather(*(
+            loop.run_in_executor(self._promoting if item.kind == "promote" else None,
+                                 self._move, item)
+            for i, item in enumerate(items) if i not in packed)))
+        if small:
+            # Small demotions go to SSD together, as one pack file: creating a file per
+            # object is most of a small object's demotion (docs/perf-notes.md).
+            packed_codes = await asyncio.to_thread(self._demote_packed, [items[i] for i in small])
+            rest = iter(codes)
+            it = iter(packed_codes)
+            codes = [next(it) if i in packed else next(rest) for i in range(len(items))]
         demoted = [i for i, item in enumerate(items)
                    if item.kind == "demote" and codes[i] == Code.OK]
         ssd = self.ssd
@@ -137,6 +158,27 @@ class StoreNodeService(spbg.StoreNodeServicer):
             self.counters.demoted_bytes += items[i].size
         return spb.MoveResponse(codes=codes)  # type: ignore[arg-type]
 
+    def _demote_packed(self, items: list[spb.MoveItem]) -> list[int]:
+        ssd = self.ssd
+        assert ssd is not None
+        views = [self.segment.view[m.dram_offset:m.dram_offset + m.size] for m in items]
+        try:
+            results = ssd.put_many([(m.key, v, m.checksum) for m, v in zip(items, views,
+                                                                              strict=True)])
+        finally:
+            for v in views:
+                v.release()
+        codes = []
+        for m, r in zip(items, results, strict=True):
+            if isinstance(r, KVStoreError):
+                if r.code == Code.CORRUPT:
+                    self.counters.corrupt += 1
+                codes.append(int(r.code))
+            else:
+                self.ssd_tokens[m.key] = m.ssd_offset
+                codes.append(int(Code.OK))
+        return codes
+
     def _move(self, item: spb.MoveItem) -> int:
         ssd = self.ssd
         if ssd is None:
@@ -154,7 +196,7 @@ class StoreNodeService(spbg.StoreNodeServicer):
                 self.ssd_tokens[item.key] = item.ssd_offset
             elif item.kind == "promote":
                 ssd.read_into(item.key, view)  # verifies the file's checksum
-                if checksum(view) != item.checksum:
+                if not matches(view, item.checksum):
                     return int(Code.CORRUPT)
                 self.counters.promotions += 1
                 self.counters.promoted_bytes += item.size

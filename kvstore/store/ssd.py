@@ -76,6 +76,14 @@ lowered since the last run, the oldest are dropped before the inventory is first
 the master never hears of them. A directory is held by one tier at a time (`flock` on
 `LOCK`).
 
+Packs (`put_many`): the store node's Move writes a batch of small demotions as one pack
+file of records (ssd_format), because creating a file is most of what a small object's
+demotion costs. Each record is indexed as (pack, offset) and counted at its exact length
+like a file; a removed record is cleared (its blocks punched out) by a background thread,
+since nothing writes that range again, and the pack is unlinked with its last record.
+Re-indexing walks every pack record by record. A record whose clearing a crash lost comes
+back, like a file whose unlink was lost; a key found twice keeps its most recent copy.
+
 An explicit `remove` is the master's decision; it checks its own leases.
 """
 
@@ -86,17 +94,28 @@ import logging
 import os
 import threading
 import time
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from kvstore.errors import CorruptObject, Internal, InvalidArgument, NotFound, Unavailable, check_key
+from kvstore.checksum import matches
+from kvstore.errors import (
+    CorruptObject,
+    Internal,
+    InvalidArgument,
+    KVStoreError,
+    NotFound,
+    Unavailable,
+    check_key,
+)
 from kvstore.store import ssd_files as files
 from kvstore.store import ssd_format as fmt
 from kvstore.store import ssd_libc
 from kvstore.store.ssd_commit import GroupCommit
 from kvstore.store.ssd_files import LOCK_FILE, Buffer
-from kvstore.store.ssd_index import SsdEntry, SsdIndex, over_cap
+from kvstore.store.ssd_index import PutPlan, SsdEntry, SsdIndex, over_cap
 
 __all__ = ["LOCK_FILE", "ReindexReport", "SsdEntry", "SsdStats", "SsdTier"]
 
@@ -166,6 +185,13 @@ class SsdTier:
         self._opened = False
         self._closed = False
         self._temp_ids = itertools.count()
+        self._packs: dict[str, int] = {}  # pack file -> records in the index or being taken
+        # Pack records out of the index, waiting to be cleared by the clearer thread
+        # (clearing a record costs a filesystem journal operation; nothing ever writes
+        # that range again, so it may happen later, off the caller's path).
+        self._to_clear: list[SsdEntry] = []
+        self._clear_wake = threading.Condition(threading.Lock())
+        self._clearer: threading.Thread | None = None
 
     # ---------------------------------------------------------------- life cycle
 
@@ -195,6 +221,13 @@ class SsdTier:
 
     def close(self) -> None:
         """Release the directory. The files stay; a new tier can `open()` them."""
+        with self._clear_wake:
+            self._closed = True
+            self._clear_wake.notify_all()
+            clearer = self._clearer
+        if clearer is not None:
+            clearer.join()
+        self.flush_clears()
         with self._cond:
             self._closed = True
             self._opened = False
@@ -269,7 +302,7 @@ class SsdTier:
         key = bytes(key)
         view = files.byte_view(data)
         self._require_open()
-        if fmt.checksum(view) != checksum:
+        if not matches(view, checksum):
             raise CorruptObject(
                 f"refusing to store {len(view)} bytes whose checksum does not match the "
                 "one given: the source copy is damaged",
@@ -299,8 +332,7 @@ class SsdTier:
         try:
             if plan.victims:
                 try:
-                    for victim in plan.victims:
-                        files.unlink_quietly(victim.path)
+                    self._discard(plan.victims)
                 finally:
                     with self._cond:
                         self._index.victims_unlinked(plan)
@@ -321,10 +353,111 @@ class SsdTier:
                     self._io.write_seconds += elapsed
                 self._cond.notify_all()
         if late is not None:
-            files.unlink_quietly(late.path)
+            self._discard([late])
             raise Unavailable(self._commit.broken or "SSD tier refuses writes", key=key)
         assert entry is not None
         return entry
+
+    def put_many(self, items: Sequence[tuple[bytes, Buffer, int]]) -> list[SsdEntry | KVStoreError]:
+        """Group-commit puts of many objects (`put(..., sync=False)` each), written as
+        one pack file: per item its entry, or the error `put` would have raised. The
+        objects are durable once a later `sync()` returns."""
+        self._require_open()
+        out: list[SsdEntry | KVStoreError | None] = [None] * len(items)
+        plans: list[tuple[int, PutPlan, memoryview, int]] = []
+        seen: dict[bytes, int] = {}
+        try:
+            for i, (raw_key, data, checksum) in enumerate(items):
+                try:
+                    check_key(raw_key)
+                    key = bytes(raw_key)
+                    view = files.byte_view(data)
+                    if key in seen:  # the same key twice in one batch: stored once
+                        continue
+                    seen[key] = i
+                    if not matches(view, checksum):
+                        raise CorruptObject(
+                            f"refusing to store {len(view)} bytes whose checksum does not "
+                            "match the one given: the source copy is damaged", key=key)
+                    need = fmt.file_length(len(key), len(view))
+                    with self._cond:
+                        while self._index.is_busy(key):
+                            self._cond.wait()
+                        if self._commit.broken is not None:
+                            raise Unavailable(self._commit.broken, key=key)
+                        existing = self._index.touch(key)
+                        if existing is not None:
+                            out[i] = existing
+                            continue
+                        plan = self._index.plan_put(key, need)
+                        for victim in plan.victims:
+                            self._commit.forget_locked(victim.key)
+                    plans.append((i, plan, view, checksum))
+                except KVStoreError as exc:
+                    out[i] = exc
+            self._write_pack(plans, out)
+        finally:
+            with self._cond:  # plans whose write never ran give their room back
+                for i, plan, _, _ in plans:
+                    if out[i] is None:
+                        self._index.finish_put(plan, None)
+                self._cond.notify_all()
+        for i, (raw_key, _, _) in enumerate(items):
+            if out[i] is None:
+                out[i] = out[seen[bytes(raw_key)]]
+        return [o for o in out if o is not None]
+
+    def _write_pack(self, plans: list[tuple[int, PutPlan, memoryview, int]],
+                    out: list[SsdEntry | KVStoreError | None]) -> None:
+        """put_many's write: the victims out, one pack, the entries in."""
+        if not plans:
+            return
+        victims = [v for _, plan, _, _ in plans for v in plan.victims]
+        try:
+            self._discard(victims)
+        finally:
+            with self._cond:
+                for _, plan, _, _ in plans:
+                    self._index.victims_unlinked(plan)
+                self._cond.notify_all()
+        started = time.perf_counter()
+        error: KVStoreError | None = None
+        entries: list[SsdEntry] = []
+        try:
+            entries = files.write_pack(
+                self.directory, [(plan.key, view, checksum, plan.need)
+                                 for _, plan, view, checksum in plans],
+                # A name no other run can have made: a pack is never renamed over.
+                self.fsync, uuid.uuid4().hex)
+        except KVStoreError as exc:
+            error = exc
+        elapsed = time.perf_counter() - started
+        late: list[SsdEntry] = []
+        with self._cond:
+            broken = self._commit.broken
+            written: list[SsdEntry | None] = list(entries) if entries else [None] * len(plans)
+            for (i, plan, _, _), entry in zip(plans, written, strict=True):
+                if entry is not None and broken is not None:
+                    late.append(entry)  # written, but a flush failed meanwhile: not kept
+                    entry = None
+                self._index.finish_put(plan, entry)
+                if entry is None:
+                    out[i] = error or Unavailable(broken or "SSD tier refuses writes",
+                                                  key=plan.key)
+                    continue
+                out[i] = entry
+                if self.fsync:
+                    self._commit.wrote_locked(plan.key)
+                self._io.writes += 1
+                self._io.write_bytes += entry.size
+                self._io.write_seconds += elapsed / len(plans)
+            if entries and not late:
+                self._packs[entries[0].path] = len(entries)
+            elif late:
+                self._packs[late[0].path] = len(late)
+            self._cond.notify_all()
+        if late:
+            self._discard(late)
 
     def read_into(self, key: bytes, out: memoryview | bytearray) -> int:
         """Read the object into `out[:size]` and verify it; return its size.
@@ -458,10 +591,61 @@ class SsdTier:
             self._commit.forget_locked(key)
         return taken
 
+    def _discard(self, gone: Sequence[SsdEntry]) -> None:
+        """Delete the files (or pack records) of entries out of the index: an object
+        file is unlinked, a pack record cleared, and a pack unlinked with its last one."""
+        emptied: list[str] = []
+        records: list[SsdEntry] = []
+        with self._cond:
+            for entry in gone:
+                if not entry.packed:
+                    continue
+                left = self._packs.get(entry.path, 0) - 1
+                if left > 0:
+                    self._packs[entry.path] = left
+                    records.append(entry)
+                elif self._packs.pop(entry.path, None) is not None:
+                    emptied.append(entry.path)
+        for entry in gone:
+            if not entry.packed:
+                files.unlink_quietly(entry.path)
+        for path in emptied:
+            files.unlink_quietly(path)  # its cleared records no longer matter
+        if records:
+            with self._clear_wake:
+                self._to_clear += records
+                self._clear_wake.notify()
+                if self._clearer is None:
+                    self._clearer = threading.Thread(target=self._clear_loop, daemon=True,
+                                                     name="ssd-clear")
+                    self._clearer.start()
+
+    def _clear_loop(self) -> None:
+        while True:
+            with self._clear_wake:
+                while not self._to_clear and not self._closed:
+                    self._clear_wake.wait()
+                batch, self._to_clear = self._to_clear, []
+                if not batch and self._closed:
+                    return
+            self._clear_records(batch)
+
+    def _clear_records(self, batch: list[SsdEntry]) -> None:
+        with self._cond:
+            live = set(self._packs)
+        for entry in batch:
+            if entry.path in live:  # a pack unlinked meanwhile needs nothing
+                files.clear_record(entry)
+
+    def flush_clears(self) -> None:
+        """Clear every pack record waiting for it now (close and tests)."""
+        with self._clear_wake:
+            batch, self._to_clear = self._to_clear, []
+        self._clear_records(batch)
+
     def _unlink_taken(self, taken: list[SsdEntry]) -> None:
         try:
-            for entry in taken:
-                files.unlink_quietly(entry.path)
+            self._discard(taken)
         finally:
             with self._cond:
                 self._index.release(taken)
@@ -484,8 +668,11 @@ class SsdTier:
         found = files.scan(self.directory, verify_data)
         cut = over_cap(found.found, self.capacity_bytes)
         dropped, kept = found.found[:cut], found.found[cut:]
-        for entry in dropped:
-            files.unlink_quietly(entry.path)
+        with self._cond:
+            for entry in (*found.found, *found.duplicates):
+                if entry.packed:
+                    self._packs[entry.path] = self._packs.get(entry.path, 0) + 1
+        self._discard([*dropped, *found.duplicates])
         with self._cond:
             self._index.load(kept, dropped)
             self._opened = True

@@ -19,8 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import xxhash
-
+from kvstore.checksum import Verifier, matches
 from kvstore.errors import Internal, StoreFull, Unavailable
 from kvstore.store import ssd_format as fmt
 from kvstore.store import ssd_libc
@@ -132,6 +131,69 @@ def write_object(directory: Path, key: bytes, view: memoryview, checksum: int, n
     return SsdEntry(key=key, size=len(view), checksum=checksum, disk_bytes=need, path=str(final))
 
 
+def write_pack(directory: Path, items: Sequence[tuple[bytes, memoryview, int, int]],
+               start_writeback: bool, unique: str) -> list[SsdEntry]:
+    """Write objects (key, data, checksum, record length) as one pack file: one file
+    created for the lot instead of one per object (creating a file is what a small
+    object's demotion costs most). No fsync: packs are only written by group commit,
+    whose flush follows, and a torn pack is found record by record at open."""
+    packs = directory / fmt.PACK_DIR
+    final = packs / f"{unique}{fmt.PACK_SUFFIX}"
+    temp = packs / f".{unique}{fmt.TEMP_SUFFIX}"
+    entries: list[SsdEntry] = []
+    parts: list[Buffer] = []
+    offset = 0
+    for key, view, checksum, need in items:
+        parts += fmt.pack_record(key, view, checksum)
+        entries.append(SsdEntry(key=key, size=len(view), checksum=checksum, disk_bytes=need,
+                                path=str(final), offset=offset))
+        offset += need
+    renamed = False
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            write_all(fd, parts)
+            if start_writeback:
+                ssd_libc.start_writeback(fd)
+        finally:
+            os.close(fd)
+        os.rename(temp, final)
+        renamed = True
+    except OSError as err:
+        unlink_quietly(temp)
+        if renamed:
+            unlink_quietly(final)
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StoreFull(
+                f"SSD tier full: the device under {directory} ran out of space "
+                f"({err.strerror}); lower the SSD capacity below the free space") from err
+        raise Internal(f"SSD write to {final} failed: {err}") from err
+    except BaseException:
+        unlink_quietly(temp)
+        if renamed:
+            unlink_quietly(final)
+        raise
+    return entries
+
+
+def clear_record(entry: SsdEntry) -> None:
+    """Free a removed pack record's blocks (zeros where the filesystem cannot punch)."""
+    try:
+        fd = os.open(entry.path, os.O_WRONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        log.error("ssd tier: could not open %s to clear a record: %s", entry.path, err)
+        return
+    try:
+        if not ssd_libc.punch_hole(fd, entry.offset, entry.disk_bytes):
+            os.pwrite(fd, bytes(entry.disk_bytes), entry.offset)
+    except OSError as err:
+        log.error("ssd tier: could not clear a record of %s: %s", entry.path, err)
+    finally:
+        os.close(fd)
+
+
 def read_object(entry: SsdEntry, dest: memoryview) -> str | None:
     """Fill `dest` (exactly `entry.size` bytes) with the object's data and verify it; the
     reason it is corrupt, or None. On success the file's mtime becomes now: it is the
@@ -149,7 +211,8 @@ def read_object(entry: SsdEntry, dest: memoryview) -> str | None:
 
 
 def _read_verified(fd: int, entry: SsdEntry, dest: memoryview) -> str | None:
-    prefix = os.pread(fd, fmt.HEADER_SIZE + len(entry.key), 0)
+    at = entry.offset
+    prefix = os.pread(fd, fmt.HEADER_SIZE + len(entry.key), at)
     try:
         header = fmt.unpack_header(prefix)
     except fmt.FormatError as err:
@@ -158,9 +221,9 @@ def _read_verified(fd: int, entry: SsdEntry, dest: memoryview) -> str | None:
         return "key in the file does not match"
     if header.data_len != entry.size or header.checksum != entry.checksum:
         return "header does not match the index"
-    if not pread_exact(fd, dest, fmt.HEADER_SIZE + len(entry.key)):
+    if not pread_exact(fd, dest, at + fmt.HEADER_SIZE + len(entry.key)):
         return "file truncated"
-    if fmt.checksum(dest) != header.checksum:
+    if not matches(dest, header.checksum):
         return "data checksum mismatch"
     return None
 
@@ -199,6 +262,7 @@ class Scan:
     corrupt_bytes: int = 0
     temp_removed: int = 0  # leftover temporary files of interrupted puts: deleted
     ignored: int = 0  # files that are not ours: left alone
+    duplicates: list[SsdEntry] = field(default_factory=list)  # older copies of a key: to clear
 
 
 def scan(directory: Path, verify_data: bool) -> Scan:
@@ -234,9 +298,94 @@ def scan(directory: Path, verify_data: bool) -> Scan:
                 unlink_quietly(dirent.path)
                 continue
             dated.append((mtime_ns, entry.path, entry))
-    dated.sort(key=lambda item: (item[0], item[1]))
-    result.found = [entry for _, _, entry in dated]
+    _scan_packs(directory, verify_data, result, dated)
+    dated.sort(key=lambda item: (item[0], item[1], item[2].offset))
+    # A key found twice (a record whose removal a crash lost, beside a newer copy): the
+    # most recently used copy wins, the other is cleared.
+    latest: dict[bytes, SsdEntry] = {}
+    for _, _, entry in dated:
+        old = latest.pop(entry.key, None)
+        if old is not None:
+            result.duplicates.append(old)
+        latest[entry.key] = entry
+    result.found = list(latest.values())
     return result
+
+
+def _scan_packs(directory: Path, verify_data: bool, result: Scan,
+                dated: list[tuple[int, str, SsdEntry]]) -> None:
+    packs = directory / fmt.PACK_DIR
+    packs.mkdir(exist_ok=True)
+    with os.scandir(packs) as it:
+        dirents = list(it)
+    for dirent in dirents:
+        if not dirent.is_file(follow_symlinks=False):
+            result.ignored += 1
+            continue
+        if fmt.is_temp_name(dirent.name):
+            unlink_quietly(dirent.path)
+            result.temp_removed += 1
+            continue
+        if not dirent.name.endswith(fmt.PACK_SUFFIX):
+            result.ignored += 1
+            continue
+        try:
+            entries, mtime_ns, bad = check_pack(dirent.path, verify_data)
+        except fmt.FormatError as err:
+            log.warning("ssd tier %s: deleting %s: %s", directory, dirent.path, err)
+            result.corrupt += 1
+            unlink_quietly(dirent.path)
+            continue
+        result.corrupt += bad
+        result.corrupt_bytes += bad * fmt.BLOCK
+        if not entries:
+            unlink_quietly(dirent.path)
+            continue
+        dated += [(mtime_ns, entry.path, entry) for entry in entries]
+
+
+def check_pack(path: str, verify_data: bool) -> tuple[list[SsdEntry], int, int]:
+    """The valid records of a pack, its mtime, and how many damaged records it held
+    (a cleared block is no record; a damaged one is skipped a block at a time)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as err:
+        raise fmt.FormatError(f"cannot open: {err}") from err
+    entries: list[SsdEntry] = []
+    bad = 0
+    try:
+        st = os.fstat(fd)
+        offset = 0
+        while offset + fmt.HEADER_SIZE <= st.st_size:
+            raw = os.pread(fd, fmt.HEADER_SIZE, offset)
+            if not any(raw):  # a removed record's cleared blocks
+                offset += fmt.BLOCK
+                continue
+            try:
+                header = fmt.unpack_header(raw)
+                if not header.flags & fmt.KEY_SUM:
+                    raise fmt.FormatError("a pack record without its key's checksum")
+                if offset + header.file_len > st.st_size:
+                    raise fmt.FormatError("record truncated")
+                key = os.pread(fd, header.key_len, offset + fmt.HEADER_SIZE)
+                if fmt.checksum(key) != header.key_sum:
+                    raise fmt.FormatError("key checksum mismatch")
+                if verify_data:
+                    _verify_data(fd, header, offset)
+            except fmt.FormatError as err:
+                log.warning("ssd tier: skipping a damaged record of %s at %d: %s", path,
+                            offset, err)
+                bad += 1
+                offset += fmt.BLOCK
+                continue
+            entries.append(SsdEntry(key=key, size=header.data_len, checksum=header.checksum,
+                                    disk_bytes=header.file_len, path=path, offset=offset))
+            offset += header.file_len
+    except OSError as err:
+        raise fmt.FormatError(f"read failed: {err}") from err
+    finally:
+        os.close(fd)
+    return entries, st.st_mtime_ns, bad
 
 
 def check_file(path: str, stem: str, verify_data: bool) -> tuple[SsdEntry, int]:
@@ -269,10 +418,10 @@ def check_file(path: str, stem: str, verify_data: bool) -> tuple[SsdEntry, int]:
     return entry, st.st_mtime_ns
 
 
-def _verify_data(fd: int, header: fmt.Header) -> None:
-    hasher = xxhash.xxh3_64()
+def _verify_data(fd: int, header: fmt.Header, at: int = 0) -> None:
+    hasher = Verifier(header.checksum)
     buf = memoryview(bytearray(min(_VERIFY_CHUNK, max(header.data_len, 1))))
-    offset, left = fmt.HEADER_SIZE + header.key_len, header.data_len
+    offset, left = at + fmt.HEADER_SIZE + header.key_len, header.data_len
     while left:
         chunk = buf[: min(left, len(buf))]
         if not pread_exact(fd, chunk, offset):
@@ -280,5 +429,5 @@ def _verify_data(fd: int, header: fmt.Header) -> None:
         hasher.update(chunk)
         offset += len(chunk)
         left -= len(chunk)
-    if hasher.intdigest() != header.checksum:
+    if not hasher.ok():
         raise fmt.FormatError("data checksum mismatch")

@@ -20,6 +20,14 @@ One object is one file::
     then        the data (data_len bytes)
     then        zeros up to the next multiple of BLOCK (4096)
 
+Pack files hold many objects: `<root>/packs/<unique>.kvp` is a run of records, each
+exactly one object file as above, back to back (so every record starts on a BLOCK
+boundary). A record in a pack has flag KEY_SUM set and the first 8 reserved bytes hold
+xxh3_64 of its key (covered by the header sum): no file name vouches for the key there.
+A removed record's blocks are punched out (they read back as zeros, which no header
+matches), so a reader of a pack walks it record by record and skips a block that holds
+no valid header.
+
 The padding makes a file's length equal to the space it occupies on a 4 KiB-block
 filesystem, so "bytes on disk" is simply the file length (see `ssd.py`). The header sum
 catches a damaged header before its lengths are trusted; the key is checked against the
@@ -47,11 +55,14 @@ FORMAT_VERSION = 1
 HEADER_SIZE = 64
 BLOCK = 4096
 OBJECT_SUFFIX = ".kvs"
+PACK_SUFFIX = ".kvp"
+PACK_DIR = "packs"
 TEMP_SUFFIX = ".tmp"
+KEY_SUM = 1  # header flag: the key's xxh3_64 is in the first reserved bytes (pack records)
 NAME_HEX_DIGITS = 32
 SHARD_HEX_DIGITS = 2
 
-_FIELDS = struct.Struct("<4sHHIQQ28x")  # everything the header sum covers (56 bytes)
+_FIELDS = struct.Struct("<4sHHIQQQ20x")  # everything the header sum covers (56 bytes)
 _HEADER_SUM = struct.Struct("<Q")
 assert _FIELDS.size + _HEADER_SUM.size == HEADER_SIZE
 
@@ -66,6 +77,7 @@ class Header:
     data_len: int
     checksum: int
     flags: int = 0
+    key_sum: int = 0  # with KEY_SUM: xxh3_64 of the key
 
     @property
     def file_len(self) -> int:
@@ -74,7 +86,7 @@ class Header:
 
 
 def checksum(data: bytes | bytearray | memoryview) -> int:
-    """The project-wide object checksum."""
+    """The header's own checksum (XXH3-64; the data's is kvstore.checksum's)."""
     return xxhash.xxh3_64_intdigest(data)
 
 
@@ -85,7 +97,8 @@ def file_length(key_len: int, data_len: int) -> int:
 
 def pack_header(header: Header) -> bytes:
     fields = _FIELDS.pack(
-        MAGIC, FORMAT_VERSION, header.flags, header.key_len, header.data_len, header.checksum
+        MAGIC, FORMAT_VERSION, header.flags, header.key_len, header.data_len, header.checksum,
+        header.key_sum if header.flags & KEY_SUM else 0,
     )
     return fields + _HEADER_SUM.pack(checksum(fields))
 
@@ -96,18 +109,27 @@ def unpack_header(raw: bytes | bytearray | memoryview) -> Header:
         raise FormatError(f"header truncated: {len(raw)} of {HEADER_SIZE} bytes")
     fields = bytes(raw[: _FIELDS.size])
     (stored_sum,) = _HEADER_SUM.unpack_from(raw, _FIELDS.size)
-    magic, version, flags, key_len, data_len, data_sum = _FIELDS.unpack(fields)
+    magic, version, flags, key_len, data_len, data_sum, key_sum = _FIELDS.unpack(fields)
     if magic != MAGIC:
         raise FormatError(f"bad magic {magic!r}")
     if checksum(fields) != stored_sum:
         raise FormatError("header checksum mismatch")
     if version != FORMAT_VERSION:
         raise FormatError(f"unsupported format version {version}")
-    if flags != 0:
+    if flags & ~KEY_SUM:
         raise FormatError(f"unknown flags {flags:#x}")
     if not 0 < key_len <= MAX_KEY_BYTES:
         raise FormatError(f"key length {key_len} out of range")
-    return Header(key_len=key_len, data_len=data_len, checksum=data_sum, flags=flags)
+    return Header(key_len=key_len, data_len=data_len, checksum=data_sum, flags=flags,
+                  key_sum=key_sum if flags & KEY_SUM else 0)
+
+
+def pack_record(key: bytes, data: bytes | bytearray | memoryview,
+                data_sum: int) -> list[bytes | bytearray | memoryview]:
+    """The parts of one pack record (header with the key's sum, key, data, padding)."""
+    header = Header(key_len=len(key), data_len=len(data), checksum=data_sum, flags=KEY_SUM,
+                    key_sum=checksum(key))
+    return [pack_header(header), key, data, padding(len(key), len(data))]
 
 
 def object_name(key: bytes) -> str:

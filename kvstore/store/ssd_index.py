@@ -38,6 +38,11 @@ class SsdEntry:
     checksum: int  # xxh3_64 of the object bytes
     disk_bytes: int  # exact file length (header, key, data, padding); what the cap counts
     path: str
+    offset: int = 0  # where the record starts in its file (a pack's; 0 for an object file)
+
+    @property
+    def packed(self) -> bool:
+        return self.path.endswith(".kvp")
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,8 @@ def _load_libc() -> ctypes.CDLL | None:
 
 _LIBC = _load_libc()
 _SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>: start writeback of dirty pages, do not wait
+_FALLOC_FL_KEEP_SIZE = 1  # <linux/falloc.h>
+_FALLOC_FL_PUNCH_HOLE = 2
 if _LIBC is not None:
     with contextlib.suppress(AttributeError):  # not Linux: os.sync(), no writeback hint
         _LIBC.syncfs.argtypes = [ctypes.c_int]
@@ -32,6 +34,9 @@ if _LIBC is not None:
         _LIBC.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
                                           ctypes.c_uint]
         _LIBC.sync_file_range.restype = ctypes.c_int
+    with contextlib.suppress(AttributeError):
+        _LIBC.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+        _LIBC.fallocate.restype = ctypes.c_int
 
 
 def syncfs(fd: int) -> None:
@@ -53,3 +58,13 @@ def start_writeback(fd: int) -> None:
     the tier's group-commit flush is what waits and what makes them durable)."""
     if _LIBC is not None and hasattr(_LIBC, "sync_file_range"):
         _LIBC.sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
+
+
+def punch_hole(fd: int, offset: int, length: int) -> bool:
+    """Free the blocks of [offset, offset + length) of the file, keeping its size: they
+    read back as zeros. False where the filesystem (or libc) cannot; the caller then
+    writes zeros over the range, which frees nothing but leaves no record behind."""
+    if _LIBC is None or not hasattr(_LIBC, "fallocate"):
+        return False
+    mode = _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE
+    return bool(_LIBC.fallocate(fd, mode, offset, length) == 0)

@@ -108,18 +108,44 @@ class LookupResponse(_message.Message):
     def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., count: _Optional[int] = ..., lease_id: _Optional[int] = ..., ttl_remaining: _Optional[float] = ...) -> None: ...
 
 class GetReplicasRequest(_message.Message):
-    __slots__ = ("keys", "lease_id", "lease_ttl", "holder", "unpinned")
+    __slots__ = ("keys", "lease_id", "lease_ttl", "holder", "unpinned", "columns")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
     UNPINNED_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     lease_id: int
     lease_ttl: float
     holder: str
     unpinned: bool
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., lease_id: _Optional[int] = ..., lease_ttl: _Optional[float] = ..., holder: _Optional[str] = ..., unpinned: _Optional[bool] = ...) -> None: ...
+    columns: bool
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., lease_id: _Optional[int] = ..., lease_ttl: _Optional[float] = ..., holder: _Optional[str] = ..., unpinned: _Optional[bool] = ..., columns: _Optional[bool] = ...) -> None: ...
+
+class ReadColumns(_message.Message):
+    __slots__ = ("version", "codes", "sizes", "checksums", "placements", "location_counts", "location_ranges", "location_addrs", "location_sizes", "ranges")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CODES_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_RANGES_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_ADDRS_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_SIZES_FIELD_NUMBER: _ClassVar[int]
+    RANGES_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    codes: _containers.RepeatedScalarFieldContainer[int]
+    sizes: _containers.RepeatedScalarFieldContainer[int]
+    checksums: _containers.RepeatedScalarFieldContainer[int]
+    placements: _containers.RepeatedScalarFieldContainer[int]
+    location_counts: _containers.RepeatedScalarFieldContainer[int]
+    location_ranges: _containers.RepeatedScalarFieldContainer[int]
+    location_addrs: _containers.RepeatedScalarFieldContainer[int]
+    location_sizes: _containers.RepeatedScalarFieldContainer[int]
+    ranges: _containers.RepeatedCompositeFieldContainer[_common_pb2.Location]
+    def __init__(self, version: _Optional[int] = ..., codes: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., placements: _Optional[_Iterable[int]] = ..., location_counts: _Optional[_Iterable[int]] = ..., location_ranges: _Optional[_Iterable[int]] = ..., location_addrs: _Optional[_Iterable[int]] = ..., location_sizes: _Optional[_Iterable[int]] = ..., ranges: _Optional[_Iterable[_Union[_common_pb2.Location, _Mapping]]] = ...) -> None: ...
 
 class ReadItem(_message.Message):
     __slots__ = ("code", "size", "checksum", "locations", "placement")
@@ -136,18 +162,20 @@ class ReadItem(_message.Message):
     def __init__(self, code: _Optional[_Union[_common_pb2.Code, str]] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., locations: _Optional[_Iterable[_Union[_common_pb2.Location, _Mapping]]] = ..., placement: _Optional[int] = ...) -> None: ...
 
 class GetReplicasResponse(_message.Message):
-    __slots__ = ("error", "epoch", "lease_id", "ttl_remaining", "items")
+    __slots__ = ("error", "epoch", "lease_id", "ttl_remaining", "items", "columns")
     ERROR_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     TTL_REMAINING_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     error: _common_pb2.Error
     epoch: int
     lease_id: int
     ttl_remaining: float
     items: _containers.RepeatedCompositeFieldContainer[ReadItem]
-    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., lease_id: _Optional[int] = ..., ttl_remaining: _Optional[float] = ..., items: _Optional[_Iterable[_Union[ReadItem, _Mapping]]] = ...) -> None: ...
+    columns: ReadColumns
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., lease_id: _Optional[int] = ..., ttl_remaining: _Optional[float] = ..., items: _Optional[_Iterable[_Union[ReadItem, _Mapping]]] = ..., columns: _Optional[_Union[ReadColumns, _Mapping]] = ...) -> None: ...
 
 class RenewLeaseRequest(_message.Message):
     __slots__ = ("lease_id", "ttl")

@@ -59,6 +59,7 @@ from kvstore_client import (
     NotFound,
     Unavailable,
 )
+from kvstore_client.outage import Outage
 from kvstore_lmcache.options import PLUGIN_TYPE, ConfigError, Options
 
 log = logging.getLogger("kvstore_lmcache")
@@ -153,7 +154,7 @@ class KVStoreConnector(RemoteConnector):
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvstore-lmcache")
         # Worker-thread state (touched only by jobs on _pool).
         self._client: KVStoreClient | None = None
-        self._down_until = 0.0
+        self._outage = Outage(options.retry_interval)
         self._regions: list[tuple[int, int]] = []
         self._registered: list[Any] = []
         self._pins: dict[str, _Pin] = {}
@@ -215,13 +216,14 @@ class KVStoreConnector(RemoteConnector):
             self._store()
 
     def _store(self) -> KVStoreClient:
-        """The client, connected; _Down while the store is known to have failed."""
+        """The client, connected; _Down while the store is known to have failed (also
+        with a client: a store that failed a call is left alone for retry_interval)."""
+        if self._outage.down:
+            raise _Down(f"the store failed recently ({self._outage.reason})")
         if self._client is not None:
             return self._client
         if self._closed:
             raise _Down("the connector is closed")
-        if time.monotonic() < self._down_until:
-            raise _Down("the store failed recently")
         o = self.options
         try:
             client = KVStoreClient(etcd=o.etcd, cluster=o.cluster, timeout=o.timeout,
@@ -234,7 +236,8 @@ class KVStoreConnector(RemoteConnector):
         self._client = client
         if o.zero_copy:
             self._register(client)
-        log.info("kvstore: connected to %s (leader %s)", o.etcd, client.master_address)
+        again = " again" if self._outage.answered() else ""
+        log.info("kvstore: connected%s to %s (leader %s)", again, o.etcd, client.master_address)
         return client
 
     def _register(self, client: KVStoreClient) -> None:
@@ -266,8 +269,8 @@ class KVStoreConnector(RemoteConnector):
 
     def _failed(self, sentence: str) -> None:
         self.stats.store_down += 1
-        self._down_until = time.monotonic() + self.options.retry_interval
-        self._say(sentence, topic="store down")
+        if self._outage.fail(sentence):  # one warning per outage
+            self._say(sentence, topic="store down")
 
     def _job(self, what: str, fn: Callable[[KVStoreClient], T], default: T) -> T:
         """Run `fn(client)` on the worker thread; `default` (a miss) if the store fails."""
@@ -277,7 +280,7 @@ class KVStoreConnector(RemoteConnector):
             self.stats.store_down += 1
             return default
         try:
-            return fn(client)
+            result = fn(client)
         except Unavailable as exc:
             self._failed(f"{what} failed: the store is unavailable ({exc}); treated as a miss, "
                          f"next try in {self.options.retry_interval:g} s")
@@ -289,6 +292,9 @@ class KVStoreConnector(RemoteConnector):
             log.exception("kvstore: %s failed unexpectedly; treated as a miss", what)
             self._say(f"{what} failed ({type(exc).__name__}: {exc})", topic=what)
             return default
+        if self._outage.answered():
+            log.info("kvstore: the store at %s answers again", self.options.etcd)
+        return result
 
     def _submit(self, what: str, fn: Callable[[KVStoreClient], T],
                 default: T) -> concurrent.futures.Future[T]:

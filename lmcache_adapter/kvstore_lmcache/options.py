@@ -15,11 +15,12 @@ An option this plugin does not know is an error (`ConfigError`), never ignored: 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from kvstore_client.config_values import coerce
 
 SCHEME = "kvstore://"
 PLUGIN_TYPE = "kvstore"
@@ -115,26 +116,10 @@ def build(etcd: str, raw: Mapping[str, Any], where: str) -> Options:
 
 
 def _coerce(name: str, value: Any, where: str) -> Any:
-    kind = {f.name: f.type for f in fields(Options)}[name]
+    """One option's value as its field's type, by the rule every adapter follows
+    (kvstore_client.config_values)."""
+    default = {f.name: f.default for f in fields(Options)}[name]
     try:
-        if kind == "bool":
-            if isinstance(value, bool):
-                return value
-            text = str(value).strip().lower()
-            if text in ("1", "true", "yes", "on"):
-                return True
-            if text in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(f"not a boolean: {value!r}")
-        if kind == "float":
-            out = float(value)
-            if not math.isfinite(out):
-                raise ValueError(f"not a finite number: {value!r}")
-            return out
-        if kind == "int":
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError(f"not an integer: {value!r}")
-            return int(value)
-        return str(value)
+        return coerce(default, value)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"option {name} in {where}: {exc}") from exc

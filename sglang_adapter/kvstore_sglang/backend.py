@@ -317,7 +317,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
                     self.stats.leased_reads += sum(e is None for e in got) // per
                 for i, e in zip(idx, got, strict=True):
                     errs[i] = e
-                if self._store.client is None or time.monotonic() < self._store.down_until:
+                if self._store.client is None or self._store.outage.down:
                     break
             self._release(client, taken.done)
         return [all(e is None for e in errs[p * per:(p + 1) * per]) for p in range(pages)]

@@ -21,17 +21,15 @@ This module is pure: no SGLang, no I/O.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kvstore_client.namespace import namespace_digest
 from kvstore_sglang.errors import BadKey
 
 # Bump when the bytes of an object change meaning.
 FORMAT_VERSION = 1
-NAMESPACE_BYTES = 16
 # SGLang's page keys are 64 hex digits; longer ones would hit the store's key limit.
 MAX_PAGE_KEY = 512
 
@@ -85,8 +83,7 @@ class Namespace:
 
     @property
     def digest(self) -> bytes:
-        canon = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
-        return hashlib.blake2b(canon.encode(), digest_size=NAMESPACE_BYTES).digest()
+        return namespace_digest(asdict(self))
 
     @property
     def page_bytes(self) -> int:

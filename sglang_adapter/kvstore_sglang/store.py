@@ -1,16 +1,17 @@
 """The backend's link to kvstore: one client, built lazily, and whether the store is
 down right now. A store that failed a call is left alone for `retry_interval` seconds
-(misses and failed writes at once), so SGLang's threads never wait a timeout per call
-while it is down; one warning per outage, one line when it answers again."""
+(misses and failed writes at once; `kvstore_client.outage`, the rule every adapter
+follows), so SGLang's threads never wait a timeout per call while it is down; one
+warning per outage, one line when it answers again."""
 
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
 from kvstore_client import KVStoreClient
+from kvstore_client.outage import Outage
 from kvstore_sglang.settings import Settings
 from kvstore_sglang.stats import Stats
 
@@ -24,8 +25,7 @@ class StoreLink:
         self.settings = settings
         self.stats = stats
         self.client: KVStoreClient | None = None
-        self.down_until = 0.0
-        self.down_reason = ""
+        self.outage = Outage(settings.retry_interval)
         self.buffers: list[Any] = []  # registered with every client built
 
     def describe(self) -> str:
@@ -34,7 +34,7 @@ class StoreLink:
 
     def get(self) -> KVStoreClient | None:
         """The client, or None while the store counts as down."""
-        if time.monotonic() < self.down_until:
+        if self.outage.down:
             return None
         if self.client is None:
             self._connect()
@@ -58,9 +58,8 @@ class StoreLink:
             client.close()
             self.failed(exc)
             return
-        if self.down_reason:
+        if self.outage.answered():
             log.info("kvstore_sglang: store %s reachable again", self.describe())
-        self.down_reason = ""
         self.client = client
 
     def register(self, buf: Any) -> None:
@@ -77,13 +76,11 @@ class StoreLink:
     def failed(self, exc: BaseException) -> None:
         """The store did not answer: misses and failed writes for `retry_interval`."""
         self.stats.store_down += 1
-        self.down_until = time.monotonic() + self.settings.retry_interval
         reason = f"{type(exc).__name__}: {exc}"
-        if reason != self.down_reason:  # one line per outage, not one per call
+        if self.outage.fail(reason):  # one line per outage, not one per call
             log.warning("kvstore_sglang: store %s unavailable (%s); pages are misses and "
                         "writes fail for the next %.0f s, then it is tried again",
                         self.describe(), reason, self.settings.retry_interval)
-        self.down_reason = reason
 
     def close(self) -> None:
         if self.client is not None:

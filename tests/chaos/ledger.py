@@ -4,7 +4,7 @@ No I/O here: the driver feeds acknowledgements, placements (from the leader's `I
 the DRAM losses the events caused and the outcome of each check, and asks which lost
 objects are explained. Time is whatever monotonic clock the caller uses.
 
-The rule (DESIGN.md, "Durability of what was acknowledged"): an object whose put
+The rule (docs/architecture.md, "Durability of what was acknowledged"): an object whose put
 returned OK stays readable unless every copy of it was in the DRAM of a store-node
 process that died (kill -9, SIGTERM) or that the master dropped (stopped or cut off past
 its etcd lease) after the object was acknowledged. "Every copy" is the last placement

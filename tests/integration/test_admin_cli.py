@@ -172,7 +172,7 @@ def test_evict_to_a_ratio_and_the_eviction_report(small: Cluster) -> None:
         assert c.put_many(keys, [value(i, MiB) for i in range(40)]) == [None] * 40
         before = kvjson(small, "evictions")
         assert before["tiers"][0]["evicted"]["total"] == 0
-        assert before["watermarks"] == {"high": 0.9, "low": 0.8}
+        assert before["watermarks"] == {"high": 0.98, "low": 0.97}
 
         out = kvjson(small, "evict", "--to", "0.25", "--batch", "3")
         cap = 64 * MiB
@@ -290,7 +290,7 @@ def _pool_used(cluster: Cluster) -> int:
 
 def test_config_set_changes_eviction_live(small: Cluster) -> None:
     got = kvjson(small, "config", "get")["settings"]
-    assert got["evict_high"] == {"value": 0.9, "etcd": None, "help": got["evict_high"]["help"]}
+    assert got["evict_high"] == {"value": 0.98, "etcd": None, "help": got["evict_high"]["help"]}
     keys = [f"c{i}".encode() for i in range(32)]
     with KVStoreClient(etcd=small.etcd) as c:
         assert c.put_many(keys, [value(i, MiB) for i in range(32)]) == [None] * 32  # 50%
@@ -320,7 +320,7 @@ def test_config_set_changes_eviction_live(small: Cluster) -> None:
     assert got["evict_high"]["value"] == 0.4 and got["evict_low"]["value"] == 0.25
 
     kvstore(small, "config", "unset", "evict_high", "evict_low")
-    wait_for(lambda: kvjson(small, "config", "get")["settings"]["evict_high"]["value"] == 0.9,
+    wait_for(lambda: kvjson(small, "config", "get")["settings"]["evict_high"]["value"] == 0.98,
              what="the command-line value back")
 
 
@@ -329,7 +329,7 @@ def test_config_set_changes_eviction_live(small: Cluster) -> None:
     (["evict_high", "lots"], "must be a number"),
     (["put_timeout", "-5"], "must be > 0"),
     (["alignment", "128"], "not a live setting"),
-    (["evict_low", "0.95"], "evict_low < evict_high"),  # the leader's evict_high is 0.9
+    (["evict_low", "0.99"], "evict_low < evict_high"),  # the leader's evict_high is 0.98
     (["max_lease_ttl", "10"], "default_lease_ttl"),  # its default_lease_ttl is 30
     (["evict_high"], "NAME VALUE pairs"),
 ])

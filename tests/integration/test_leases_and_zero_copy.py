@@ -23,7 +23,7 @@ MiB = 1 << 20
 @pytest.fixture
 def small(cluster_factory: Cluster) -> Cluster:
     """One 64 MiB node: a few dozen 1 MiB objects push it past the 0.9 watermark."""
-    cluster_factory.start_master()
+    cluster_factory.start_master("--evict-high", "0.9", "--evict-low", "0.8")
     cluster_factory.start_store("64MiB")
     cluster_factory.wait_nodes(1)
     return cluster_factory

@@ -33,7 +33,9 @@ def counters(c: Cluster) -> dict[str, int]:
 
 
 def tiered(c: Cluster, ssd_dir: Path, ssd: str = "256MiB", metrics: int = 0) -> None:
-    c.start_master()
+    # 1 MiB objects in 16 MiB of DRAM: watermarks a few objects apart (the default
+    # 0.98 -> 0.97 gap is a sixth of one), so the bounds below mean something.
+    c.start_master("--evict-high", "0.9", "--evict-low", "0.8")
     extra = ["--ssd-dir", str(ssd_dir), "--ssd", ssd, "--ssd-no-fsync"]
     if metrics:
         extra += ["--metrics-port", str(metrics)]

@@ -52,3 +52,10 @@ def test_keys_are_namespace_page_key_and_object_index() -> None:
     for bad in ("", None, 7, "x" * 600):
         with pytest.raises(BadKey):
             maker.page_keys(bad)  # type: ignore[arg-type]
+
+
+def test_the_namespace_digest_is_unchanged() -> None:
+    """Keys already in a store stay readable: the digest (kvstore_client.namespace) of a
+    fixed namespace is pinned."""
+    ns = Namespace(Shard("m", False, 2, 1, 1, 0, 1, 0, 1, 0), GEOMETRY)
+    assert ns.digest.hex() == "2cf40ea50fce78c5e1e7f6512e7f4022"

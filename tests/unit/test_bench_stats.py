@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -124,7 +125,22 @@ def test_vs_mooncake_rows_take_each_systems_faster_api() -> None:
     assert cells[:2] == ["1 MiB", "put p50"] and cells[2] == "2.00 ms b" and cells[4] == "0.50x"
     # Without same-host results the columns stay empty.
     bare = vs_mooncake.build_rows([r for r in results if r["system"] != shm])
-    assert all(r.ratios.get(shm) is None and r.cells()[5] == "-" for r in bare)
+    assert all(r.ratios.get(shm) is None and r.cells()[7] == "-" for r in bare)
+
+
+def test_vs_mooncake_another_reader_has_get_rows_only() -> None:
+    te, te2, mc = vs_mooncake.TE, vs_mooncake.TE2, vs_mooncake.MC
+    results = [
+        _res(te, "r", (2e-3, 4e-3), (1e-3, 2e-3), 1.0, 2.0),
+        _res(te2, "r", (2e-3, 4e-3), (4e-3, 8e-3), 1.0, 0.5),
+        _res(mc, "r", (2e-3, 4e-3), (2e-3, 4e-3), 1.0, 1.0),
+    ]
+    rows = {r.measure: r for r in vs_mooncake.build_rows(results)}
+    # its puts are the writer's: shown once, in the TE column
+    assert te2 not in rows["put p50"].values and rows["put p50"].cells()[5:7] == ["-", "-"]
+    assert rows["get p50"].ratios[te2] == 0.5 and rows["get p50"].ratios[te] == 2.0
+    assert rows["get p50"].cells()[5:7] == ["4.00 ms r", "0.50x"]
+    assert rows["batch get x32"].ratios[te2] == 0.5
 
 
 def test_vs_mooncake_path_warnings() -> None:
@@ -137,10 +153,12 @@ def test_vs_mooncake_path_warnings() -> None:
 
 def test_vs_mooncake_chunks_and_rounds() -> None:
     items = list(range(10))
-    size = vs_mooncake.LIVE_BYTES // 4
-    assert [list(c) for c in vs_mooncake.chunks(items, size)] == [
+    live = vs_mooncake.live_bytes(2 << 30)
+    assert live == 512 << 20
+    size = live // 4
+    assert [list(c) for c in vs_mooncake.chunks(items, size, live)] == [
         [0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
-    assert next(iter(vs_mooncake.chunks(items, vs_mooncake.LIVE_BYTES * 2))) == [0]
+    assert next(iter(vs_mooncake.chunks(items, live * 2, live))) == [0]
     assert vs_mooncake.auto_rounds(3, 1 << 20, 32) == 3
     # ~1 GiB of calls per size and direction, at least 5, at most 200
     assert vs_mooncake.auto_rounds(0, 1 << 20, 32) == 32
@@ -161,3 +179,55 @@ def test_master_ops_merge_spans_all_clients() -> None:
     rows = master_ops.rows_for([r, master_ops.merge("mooncake", "lookup128", parts)])
     assert [row[2] for row in rows] == ["p50", "p99", "keys/s"]
     assert all(row[-1] == "1.00x" for row in rows)
+
+
+def test_vs_mooncake_live_set_follows_dram() -> None:
+    """The objects alive at once are a share of --dram, not a fixed 512 MiB (which at
+    --dram 512MiB was the whole pool: eviction took a round's own objects); a --dram
+    that cannot hold one batch below that share is refused with a sentence."""
+    parser = vs_mooncake.build_parser()
+    args = parser.parse_args(["--sizes", "4MiB", "--dram", "512MiB"])
+    vs_mooncake.check(parser, args)  # accepted
+    live = vs_mooncake.live_bytes(512 << 20)
+    assert live == 128 << 20
+    rounds = [list(range(32))] * 8
+    assert all(len(c) == 1 for c in vs_mooncake.chunks(rounds, (4 << 20) * 32, live))
+    bad = parser.parse_args(["--sizes", "4MiB", "--dram", "256MiB"])
+    errors: list[str] = []
+
+    def error(message: str) -> None:
+        errors.append(message)
+        raise SystemExit(2)
+
+    parser.error = error  # type: ignore[method-assign]
+    with pytest.raises(SystemExit):
+        vs_mooncake.check(parser, bad)
+    assert errors and "--dram 512.0 MiB or more" in errors[0], errors
+
+
+def test_master_ops_spy_top_ranks_functions_by_own_samples(tmp_path: Path) -> None:
+    raw = tmp_path / "p.txt"
+    raw.write_text(
+        "process 1:\"python\";run (asyncio/base_events.py:10);handle (kvstore/master/service.py:170) 6\n"
+        "process 1:\"python\";run (asyncio/base_events.py:11);handle (kvstore/master/service.py:171);"
+        "exists (kvstore/master/core/api.py:5) 3\n"
+        "process 1:\"python\";run (asyncio/base_events.py:12) 1\n")
+    text = master_ops.spy_top(raw)
+    lines = text.splitlines()
+    assert "10 samples" in lines[0]
+    assert lines[1].split() == ["60.0", "90.0", "handle", "(service.py)"]
+    assert lines[2].split() == ["30.0", "30.0", "exists", "(api.py)"]
+
+
+def test_master_ops_turns_pool_samples_and_spans() -> None:
+    one = master_ops.merge("ours", "exists1", [
+        {"lat": [1e-3, 3e-3], "calls": 2, "start": 10.0, "end": 11.0}])
+    two = master_ops.merge("ours", "exists1", [
+        {"lat": [2e-3], "calls": 1, "start": 20.0, "end": 23.0}])
+    other = master_ops.merge("mooncake", "exists1", [
+        {"lat": [5e-3], "calls": 1, "start": 0.0, "end": 1.0}])
+    pooled = {r.system: r for r in master_ops.pool_turns([one, other, two])}
+    ours = pooled["ours"]
+    assert ours.calls == 3 and ours.span == 4.0 and ours.rate == 3 / 4.0
+    assert ours.lat.p50 == 2e-3 and sorted(ours.samples) == [1e-3, 2e-3, 3e-3]
+    assert pooled["mooncake"].calls == 1

@@ -21,6 +21,7 @@ from kvstore.master.core.allocator import ExtentAllocator
 from kvstore.master.core.objects import ObjectTable
 from kvstore.master.core.results import location as _location
 from kvstore.master.core.segments import OFFSET_BITS, OFFSET_MASK
+from tests.unit.test_core_invariants import Watched
 
 KiB = 1024
 
@@ -118,7 +119,7 @@ def core_state(core: MasterCore) -> dict[str, Any]:
         "segs": segs,
         "index": dict(t.index),
         "key_of": list(t.key_of),
-        "cols": [list(c) for c in (t.size, t.checksum, t.where, t.space, t.pins, t.gen,
+        "cols": [list(c) for c in (t.size, t.checksum, t.where, t.space, t.phase, t.pins, t.gen,
                                    t.placed, t.created, t.touched)],
         "placements": t.placements,
         "extra": dict(t.extra),
@@ -187,6 +188,7 @@ class Twins:
             return r
 
         self.fast._batch.put = counting  # type: ignore[method-assign]
+        self.watch = Watched(self.fast)
         nodes = rng.randrange(1, 4)
         for i in range(nodes):
             size = rng.choice([64 * KiB, 200 * KiB, 1 << 20, 8 << 20])
@@ -198,7 +200,7 @@ class Twins:
         self.keys = [f"k{i}".encode() for i in range(60)] + [f"t/k{i}".encode() for i in range(20)]
 
     def both(self, name: str, *args: Any, **kw: Any) -> Any:
-        a = getattr(self.fast, name)(*args, **kw)
+        a = getattr(self.watch, name)(*args, **kw)  # held to the lifecycle table too
         b = getattr(self.slow, name)(*args, **kw)
         if name == "put_start":
             assert results(a) == results(b)
@@ -225,7 +227,7 @@ class Twins:
         if r < 0.03:
             return 1 << 40  # larger than any segment
         if r < 0.04:
-            return 1.5
+            return self.rng.choice([1.5, True])
         if r < 0.15:
             return self.rng.choice([1, 100, 4 * KiB, 17 * KiB, 64 * KiB])
         return base
@@ -238,7 +240,8 @@ class Twins:
             base = rng.choice([64, 1000, 4 * KiB, 16 * KiB, 64 * KiB])
             keys = [self.random_key() for _ in range(n)]
             sizes = [self.random_size(base) for _ in range(n)]
-            checksums = [rng.choice([1, 2, -1]) if rng.random() < 0.03 else 1 for _ in range(n)]
+            checksums = [rng.choice([1, 2, -1, True]) if rng.random() < 0.03 else 1
+                         for _ in range(n)]
             writer = rng.choice(["", "w", "w", "v"])
             replicas = rng.choice([None, None, 1, 2, 3])
             self.both("put_start", keys, sizes, checksums, replicas=replicas, writer=writer)
@@ -353,7 +356,7 @@ def test_eviction_and_remove_free_every_range() -> None:
 
 def table_state(t: ObjectTable) -> list[Any]:
     return [dict(t.index), list(t.key_of), t.placements, list(t._free_slots)] + [
-        list(c) for c in (t.size, t.checksum, t.where, t.space, t.pins, t.gen, t.placed,
+        list(c) for c in (t.size, t.checksum, t.where, t.space, t.phase, t.pins, t.gen, t.placed,
                           t.created, t.touched)]
 
 

@@ -194,7 +194,7 @@ def test_eviction_visits_only_evictable_objects() -> None:
 
 
 def test_hold_eviction_until_after_failover() -> None:
-    core, clock = make(seg_size=10 * KiB)
+    core, clock = make(seg_size=10 * KiB, evict_high=0.9, evict_low=0.8)
     core.hold_eviction_until(clock.now() + 300)
     put(core, ks(10))
     [r] = core.put_start([b"new"], [KiB], [0])

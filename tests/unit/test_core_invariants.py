@@ -3,7 +3,8 @@
 The invariants are the ones every other module relies on: no two replicas share a byte,
 the allocators' books match the objects, pin counts match the live leases, a pinned
 object is never taken by anything but a node loss, PENDING objects are invisible, and
-the LRU holds exactly the evictable objects.
+the LRU holds exactly the evictable objects. And every object moves only as the
+lifecycle table says (lifecycle.py): Watched checks each call's moves against it.
 """
 
 from __future__ import annotations
@@ -11,11 +12,21 @@ from __future__ import annotations
 import itertools
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
 from kvstore.errors import Code, LeaseExpired
 from kvstore.master.core import CoreConfig, ManualClock, MasterCore
+from kvstore.master.core.lifecycle import (
+    COMPLETE,
+    TRANSITIONS,
+    Change,
+    State,
+    changes_between,
+    state_of,
+)
+from kvstore.master.core.objects import SLOT_BITS
 
 KiB = 1 << 10
 ALIGN = 64
@@ -23,6 +34,86 @@ ALIGN = 64
 
 def round_up(n: int) -> int:
     return (n + ALIGN - 1) & ~(ALIGN - 1)
+
+
+# -- the lifecycle table, watched -------------------------------------------------------
+
+# What an object is, as the table sees it: its state, pins, replicas and key.
+Seen = tuple[State, int, tuple[int, ...], bytes]
+# Verbs that change no object (MasterCore's read-only methods, and the queues' takers).
+READ_ONLY = frozenset({
+    "exists", "inspect", "keys", "stats", "node_list", "node_ids", "eviction_stats",
+    "tier_counters", "tenant_usage", "draining", "moving", "take_events",
+    "take_tier_moves", "take_replica_changes", "renew_lease", "set_quotas",
+    "set_draining", "set_adopting", "hold_eviction_until", "reconfigure",
+})
+
+
+def objects_now(core: MasterCore) -> dict[int, Seen]:
+    """Every live object, by token (slot and generation: a slot reused is another object)."""
+    state = core._state
+    t = state.objects
+    out: dict[int, Seen] = {}
+    for key, s in t.index.items():
+        pins = t.pins[s] if t.phase[s] == COMPLETE else 0
+        out[s | t.gen[s] << SLOT_BITS] = (state_of(t.phase[s], pins, s in state.moves), pins,
+                                          t.handles(s), key)
+    return out
+
+
+class Watched:
+    """A MasterCore whose every call is held to the lifecycle table: each object's move
+    (from its state before the call to its state after) must be a row of TRANSITIONS
+    that names the verb (or a path of such rows: one call may make several moves); a
+    change of its pins or replicas must be one those rows list; a key journaled must be
+    an object whose rows list the journal. `seen` collects the rows observed with the
+    verb that made each, for the test that the table holds nothing that never happens."""
+
+    def __init__(self, core: MasterCore) -> None:
+        self.core = core
+        self.seen: set[tuple[State, State, str]] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.core, name)
+        if name.startswith("_") or name in READ_ONLY or not callable(attr):
+            return attr
+
+        def watched(*args: Any, **kw: Any) -> Any:
+            before = objects_now(self.core)
+            journal = self.core._state.journal
+            at = len(journal) if journal is not None else 0
+            try:
+                return attr(*args, **kw)
+            finally:
+                self.check(name, before, objects_now(self.core),
+                           journal[at:] if journal is not None else [])
+
+        return watched
+
+    def check(self, verb: str, before: dict[int, Seen], after: dict[int, Seen],
+              journaled: list[Any]) -> None:
+        gone: Seen = (State.GONE, 0, (), b"")
+        journal_ok: set[bytes] = set()
+        for token in before.keys() | after.keys():
+            src, pins0, handles0, key0 = before.get(token, gone)
+            dst, pins1, handles1, key1 = after.get(token, gone)
+            if src == dst and pins0 == pins1 and handles0 == handles1:
+                continue  # nothing happened to it
+            changes = changes_between(src, dst, verb)
+            assert changes is not None, \
+                f"{verb} took {key0 or key1!r} {src} -> {dst}: the table has no way there for it"
+            if src != State.GONE and dst != State.GONE:
+                assert pins0 == pins1 or Change.PINS in changes, (verb, src, dst)
+                assert handles0 == handles1 or Change.REPLICAS in changes, (verb, src, dst)
+            if Change.JOURNAL in changes:
+                journal_ok |= {key0, key1}
+            row = TRANSITIONS.get((src, dst))
+            if row is not None and verb in row.verbs:
+                self.seen.add((src, dst, verb))
+        for change in journaled:
+            # A demotion's file whose object went while it moved is dropped by the node's
+            # answer, with no object left to move.
+            assert change.key in journal_ok or verb == "finish_tier_move", (verb, change)
 
 
 @dataclass
@@ -95,7 +186,9 @@ def check(core: MasterCore, model: Model, now: float, nodes_lost: bool) -> None:
 def test_random_operations_keep_the_invariants(seed: int) -> None:
     rng = random.Random(seed)
     clock = ManualClock()
-    core = MasterCore(CoreConfig(put_timeout=20.0, max_lease_ttl=60.0), clock)
+    watched = Watched(MasterCore(CoreConfig(put_timeout=20.0, max_lease_ttl=60.0), clock))
+    watched.core.journal = []  # so that the journal's rows are checked too
+    core: MasterCore = watched  # type: ignore[assignment]  # every call checked (Watched)
     for i in range(3):
         core.mount_segment(f"n{i}", f"h:{i}", (i + 1) << 32, 64 * KiB)
     pool = [b"key-%03d" % i for i in range(150)]

@@ -179,6 +179,27 @@ def test_bad_sizes_and_checksums_are_per_key_errors() -> None:
     assert core.stats().objects_pending == 1
 
 
+def test_a_bool_is_neither_a_size_nor_a_checksum_on_any_path() -> None:
+    # One object check (checks.py) for put_start's both paths, put_commit and adoption:
+    # True is an int to Python, never a size or a checksum anyone computed.
+    core, _ = make(seg_size=MiB)
+    for keys in ([b"one"], [b"a", b"b", b"c"]):  # a lone key, and a batch
+        sizes: list[object] = [True] + [10] * (len(keys) - 1)
+        rs = core.put_start(keys, sizes, [1] * len(keys))  # type: ignore[arg-type]
+        assert rs[0].code == Code.INVALID_ARGUMENT and "size must be > 0" in rs[0].message
+        rs = core.put_start([k + b"!" for k in keys], [10] * len(keys),
+                            [True] + [1] * (len(keys) - 1))
+        assert rs[0].code == Code.INVALID_ARGUMENT and "checksum" in rs[0].message
+    ph = core.put_start([b"ph/1"], [10], [0], writer="w", ahead=True)
+    assert ph[0].code == Code.OK
+    assert core.put_commit([b"ph/1"], [b"x"], [10], [True], "w") == [Code.INVALID_ARGUMENT]
+    assert core.put_commit([b"ph/1"], [b"x"], [10], [5], "w") == [Code.OK]
+    node = core.node_ids()[0]
+    assert core.adopt_replica(b"y", 64, True, node, 4096) == Code.INVALID_ARGUMENT
+    assert core.adopt_replica(b"y", True, 5, node, 4096) == Code.INVALID_ARGUMENT
+    assert core.adopt_replica(b"y", 64, 5, node, 4096) == Code.OK
+
+
 def test_bad_keys_are_per_key_errors() -> None:
     core, _ = make()
     rs = core.put_start(
@@ -192,10 +213,11 @@ def test_bad_keys_are_per_key_errors() -> None:
     assert core.exists([b"ba", b"", "text"]) == [True, False, False]  # type: ignore[list-item]
 
 
-def test_no_dram_segment_is_store_full() -> None:
+def test_no_dram_segment_yet_is_unavailable_not_store_full() -> None:
     core = MasterCore(CoreConfig(), ManualClock())
     [r] = start(core, [b"a"])
-    assert r.code == Code.STORE_FULL and "no store node" in r.message
+    assert r.code == Code.UNAVAILABLE and "no store node has mounted" in r.message
+    assert "yet" in r.message  # retryable: nothing is full
 
 
 def test_malformed_batches_raise_and_change_nothing() -> None:

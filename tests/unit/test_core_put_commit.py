@@ -309,8 +309,8 @@ def test_placeholder_named_as_its_own_key_changes_nothing_inconsistent() -> None
 
 
 def test_committed_objects_are_evicted_in_commit_order() -> None:
-    # 64 KiB of DRAM, 4 KiB objects: 16 fit.
-    core, clock = make(seg=64 * KiB)
+    # 64 KiB of DRAM, 4 KiB objects: 16 fit; watermarks 90 % -> 80 %.
+    core, clock = make(seg=64 * KiB, evict_high=0.9, evict_low=0.8)
     ph = [b"ph%d" % i for i in range(14)]
     start(core, ph, 4 * KiB)
     # Commit in reverse start order: recency is the commit's, not the put_start's.

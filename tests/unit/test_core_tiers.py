@@ -255,3 +255,47 @@ def test_a_promotions_dram_destination_waits_for_the_nodes_answer() -> None:
     used = core.stats().pool_used
     core.finish_tier_move(move, Code.OK)
     assert core.stats().pool_used == used - 10 * KiB  # the destination is free again
+
+
+def test_a_replica_adopted_while_its_object_demotes_is_counted_with_the_demotion() -> None:
+    # The demotion frees every DRAM replica when it ends, the adopted one too: the DRAM
+    # "about to be freed" must come back to 0, not below it (pool_used would then count
+    # DRAM nobody holds).
+    core = make()
+    core.mount_segment("n1", "seg1", 2 << 32, 100 * KiB)
+    core.set_draining("n1", True)  # placements stay on n0
+    fill(core, 0, 1)
+    state = core._state
+    assert core._tiers.start_demotion(state.objects.index[b"k0"])
+    assert state.ledger.demoting == 10 * KiB
+    assert core.adopt_replica(b"k0", 10 * KiB, 0, "n1", 0) == Code.OK
+    assert state.ledger.demoting == 20 * KiB
+    finish_all(core)
+    assert tiers(core, b"k0") == ["ssd"]
+    assert state.ledger.demoting == 0
+    assert core.stats().pool_used == 0
+
+
+def test_a_read_of_an_ssd_object_pins_it_before_its_promotion_makes_room() -> None:
+    # DRAM and SSD full: promoting `a` demotes a DRAM object, whose SSD room comes from
+    # evicting the oldest SSD object, `a` itself unless the read has pinned it first
+    # (the read used to fail with a KeyError, after `a` was gone).
+    core = MasterCore(CoreConfig(evict_high=1.0, evict_low=0.9), ManualClock())
+    core.mount_segment("n0", "seg0", 1 << 32, 30 * KiB)
+    core.mount_segment("n0", "ssd:n0", 0, 32 * KiB, tier="ssd")  # room for two files
+    keys = [b"a", b"b", b"c", b"d", b"f"]
+    for k in keys:
+        assert core.put_start([k], [10 * KiB], [1])[0].code == Code.OK
+        assert core.put_end([k]) == [Code.OK]
+        if k == b"b":
+            state = core._state
+            for old in (b"a", b"b"):
+                assert core._tiers.start_demotion(state.objects.index[old])
+            finish_all(core)
+    assert tiers(core, b"a") == tiers(core, b"b") == ["ssd"]
+    assert core.stats().pool_used == 30 * KiB
+    got = core.get_replicas([b"a"])
+    assert got.results[0].code == Code.IN_PROGRESS and got.lease_id
+    info = core.inspect(b"a")
+    assert info is not None and info.pins == 1 and tiers(core, b"a") == ["ssd"]
+    core.release_lease(got.lease_id)

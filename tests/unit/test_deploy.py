@@ -82,6 +82,8 @@ METRICS: dict[str, set[str]] = {
     "kvstore_master_put_failures_total": {"reason"},
     "kvstore_master_eviction_blocked_total": set(),
     "kvstore_master_eviction_blocked_bytes_total": set(),
+    "kvstore_master_pin_capped_total": set(),
+    "kvstore_master_pin_capped_keys_total": set(),
 }
 HISTOGRAMS = {"kvstore_master_rpc_seconds"}
 TARGET_LABELS = {"job", "instance", "namespace", "pod", "service", "container", "endpoint"}
@@ -170,12 +172,58 @@ def check_insecure_is_commented(path: Path) -> None:
             f"{path.relative_to(ROOT)}:{i + 1}: --insecure without a comment saying why")
 
 
+def fenced_blocks(text: str) -> Iterator[list[str]]:
+    """The lines of each fenced code block (```...```) of a markdown text."""
+    block: list[str] | None = None
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            if block is None:
+                block = []
+            else:
+                yield block
+                block = None
+        elif block is not None:
+            block.append(line)
+
+
+def check_readme_insecure(text: str, where: str) -> None:
+    """A README may name `--insecure` in its prose (in backticks, saying when it is the
+    right choice); a command it prints for copying passes it only with a comment saying
+    why, as a deployment file must."""
+    for n, block in enumerate(fenced_blocks(text), 1):
+        for i, line in enumerate(block):
+            code = line.split("#", 1)[0]
+            if "--insecure" not in code:
+                continue
+            above = block[i - 1].strip() if i else ""
+            assert "#" in line or above.startswith("#"), (
+                f"{where}: code block {n} passes --insecure without a comment")
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    bare = [m.start() for m in re.finditer(r"(?<!`)--insecure", prose)]
+    assert not bare, f"{where}: --insecure outside backticks (at {bare})"
+
+
 @pytest.mark.parametrize("path", sorted(p for p in DEPLOY.rglob("*") if p.is_file()),
                          ids=lambda p: str(p.relative_to(DEPLOY)))
 def test_insecure_is_never_silent(path: Path) -> None:
-    if path.suffix in {".md", ".json"}:
-        return  # prose and the dashboard; the READMEs describe --insecure, they do not pass it
-    check_insecure_is_commented(path)
+    if path.suffix == ".md":
+        check_readme_insecure(path.read_text(), str(path.relative_to(ROOT)))
+    elif path.suffix == ".json":
+        # The dashboard is data for Grafana: it starts no daemon, so it has no business
+        # passing --insecure, and it must still be JSON Grafana can load.
+        assert isinstance(json.loads(path.read_text()), dict)
+        assert "--insecure" not in path.read_text()
+    else:
+        check_insecure_is_commented(path)
+
+
+def test_the_readme_check_catches_an_uncommented_insecure() -> None:
+    with pytest.raises(AssertionError, match="code block 1 passes --insecure"):
+        check_readme_insecure("Only on loopback: `--insecure`.\n```sh\nkvstore master --insecure\n```\n", "x")
+    commented = "```sh\n# a lab without TLS, loopback only\nkvstore master --insecure\n```\n"
+    with pytest.raises(AssertionError, match="outside backticks"):
+        check_readme_insecure(commented + "then pass --insecure.\n", "x")
+    check_readme_insecure(commented + "`--insecure` is for a lab.\n", "x")
 
 
 def verify_server_cert(ca_pem: bytes, cert_pem: bytes, name: str) -> None:
@@ -445,14 +493,15 @@ def test_readme_token_recipe_makes_a_valid_access_file(tmp_path: Path) -> None:
     assert access.authenticate((tmp_path / "vllm-a.token").read_text().strip()).tenant == "team-a"
 
 
-def test_systemd_store_ssd_example_parses_once_the_cli_has_it() -> None:
+def test_systemd_store_ssd_example_parses_into_an_ssd_tier() -> None:
     example = read_env_file(ENV_FILE, commented=True)["KVSTORE_STORE_EXTRA_ARGS"]
-    assert "--ssd-dir" in example
-    if not store_parser_knows("--ssd-dir"):
-        pytest.skip("`kvstore store` has no --ssd-dir yet (the SSD tier's CLI is not merged)")
+    assert "--ssd-dir" in example and store_parser_knows("--ssd-dir")
     unit = read_unit(SYSTEMD / "kvstore-store.service")
     env = {**unit_environment(unit), **read_env_file(ENV_FILE), "KVSTORE_STORE_EXTRA_ARGS": example}
-    parse_cli(expand_exec(unit["Service"]["ExecStart"][0], env)[1:])
+    args = parse_cli(expand_exec(unit["Service"]["ExecStart"][0], env)[1:])
+    check_daemon_args(args, "store")
+    # The commented example, uncommented, gives the node the SSD tier it describes.
+    assert args.ssd_dir == "/var/lib/kvstore/ssd" and parse_size(args.ssd) == 100 << 30
 
 
 def test_systemd_analyze_verify(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The code stays ruff- and mypy-clean (STYLE.md): CI fails on a new finding."""
+"""The code stays ruff- and mypy-clean (CONTRIBUTING.md): CI fails on a new finding."""
 
 from __future__ import annotations
 

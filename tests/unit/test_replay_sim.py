@@ -128,12 +128,15 @@ def test_watermark_eviction_starts_above_high_and_stops_at_low() -> None:
 
 def test_watermark_geometry_from_segment_bytes() -> None:
     assert aligned(100) == 128 and aligned(128) == 128 and aligned(1) == 64
-    c = StoreSim.watermark([1280], 100)             # 10 slots of 128 B
+    c = StoreSim.watermark([1280], 100, high=0.9, low=0.8)    # 10 slots of 128 B
     assert (c.slots, c.evict_above, c.evict_to) == (10, 9, 8)
     c = StoreSim.watermark([1280 + 63], 100)        # the unaligned tail is not capacity
     assert c.slots == 10
-    c = StoreSim.watermark([640, 640], 100)         # two nodes: one pool
+    c = StoreSim.watermark([640, 640], 100, high=0.9, low=0.8)  # two nodes: one pool
     assert (c.slots, c.evict_above, c.evict_to) == (10, 9, 8)
+    c = StoreSim.watermark([128 * 1000], 100)       # the defaults: 0.98 -> 0.97
+    assert (c.slots, c.evict_above, c.evict_to, c.batch) == (1000, 980, 970, 1024)
+    assert StoreSim.pool_slots([640, 640 + 63], 100) == 10
 
 
 @pytest.mark.parametrize("fraction", [0.8, 0.85, 0.9, 0.95, 1.0, 0.1])
@@ -147,18 +150,19 @@ def test_slots_below_is_the_masters_float_comparison(fraction: float) -> None:
 
 
 def test_sizing_makes_the_mean_occupancy_the_capacity() -> None:
-    sz = Sizing(10000, 64 << 10)
+    sz = Sizing(10000, 64 << 10, high=0.9, low=0.8)
     assert sz.asize == 65536 and sz.slots_per_node == 11765
     assert sz.dram_per_node == 11765 * 65536 and sz.pool_bytes == sz.dram_per_node
-    four = Sizing(10000, 64 << 10, nodes=4)
+    four = Sizing(10000, 64 << 10, nodes=4, high=0.9, low=0.8)
     assert four.slots_per_node == 2942 and four.pool_bytes == 4 * 2942 * 65536
+    assert Sizing(10000, 64 << 10).slots_per_node == 10257   # defaults 0.98/0.97
     odd = Sizing(1000, 100_000)
     assert odd.asize == 100_032 and odd.dram_per_node % 64 == 0
 
     # A long random workload: the store's sawtooth averages the capacity asked for.
     rng = random.Random(7)
-    sz = Sizing(2000, 4096)
-    c = StoreSim.watermark([sz.dram_per_node], 4096)
+    sz = Sizing(2000, 4096, high=0.9, low=0.8)
+    c = StoreSim.watermark([sz.dram_per_node], 4096, high=0.9, low=0.8)
     for _ in range(30000):
         c.request([rng.randrange(50000) for _ in range(rng.randint(1, 4))])
     assert c.stats.held_mean is not None
@@ -195,27 +199,31 @@ def _trace(seed: int, n: int) -> list[list[int]]:
     return out
 
 
-@pytest.mark.parametrize(("nodes", "seg_kib", "size", "high", "low"), [
-    (1, 160, 1000, 0.9, 0.8),
-    (1, 97, 4096, 0.9, 0.8),      # requests larger than the watermark gap: the tick matters
-    (1, 30, 1000, 0.9, 0.8),      # requests larger than the store: STORE_FULL
-    (4, 40, 1000, 0.9, 0.8),
-    (4, 8, 1000, 0.9, 0.8),
-    (3, 20, 3000, 0.9, 0.8),
-    (2, 50, 1000, 0.95, 0.5),
+@pytest.mark.parametrize(("nodes", "seg_kib", "size", "high", "low", "batch"), [
+    (1, 160, 1000, 0.9, 0.8, 1024),
+    (1, 97, 4096, 0.9, 0.8, 1024),   # requests larger than the watermark gap: the tick matters
+    (1, 30, 1000, 0.9, 0.8, 1024),   # requests larger than the store: STORE_FULL
+    (4, 40, 1000, 0.9, 0.8, 1024),
+    (4, 8, 1000, 0.9, 0.8, 1024),
+    (3, 20, 3000, 0.9, 0.8, 1024),
+    (2, 50, 1000, 0.95, 0.5, 1024),
+    (1, 160, 1000, 0.98, 0.97, 1024),  # the defaults: the pool stays near full
+    (2, 97, 1000, 0.98, 0.97, 1024),
+    (1, 160, 1000, 0.9, 0.5, 3),       # rounds cut short by evict_batch
+    (4, 40, 1000, 0.98, 0.9, 2),
 ])
 def test_mirror_matches_the_master_core_request_by_request(
-        nodes: int, seg_kib: int, size: int, high: float, low: float) -> None:
+        nodes: int, seg_kib: int, size: int, high: float, low: float, batch: int) -> None:
     """Drive MasterCore as bench/replay.py drives the store (lookup with a lease, put the
     rest, release) and StoreSim.watermark over the same segments: same hits, same
     evictions, same failed puts. A change of the master's eviction or lookup policy
     fails here."""
     clock = ManualClock()
-    core = MasterCore(CoreConfig(evict_high=high, evict_low=low), clock)
+    core = MasterCore(CoreConfig(evict_high=high, evict_low=low, evict_batch=batch), clock)
     segs = [seg_kib * 1024 + 8 * i for i in range(nodes)]
     for i, seg in enumerate(segs):
         core.mount_segment(f"n{i}", f"127.0.0.1:{16000 + i}", (i + 1) << 36, seg)
-    sim = StoreSim.watermark(segs, size, high=high, low=low)
+    sim = StoreSim.watermark(segs, size, high=high, low=low, batch=batch)
     failed = 0
     evictions0 = core.stats().evictions
     for req in _trace(seed=nodes * 1000 + seg_kib, n=1500):
@@ -235,3 +243,27 @@ def test_mirror_matches_the_master_core_request_by_request(
     assert st.evictions - evictions0 == sim.stats.evictions > 0
     assert st.objects_complete == sim.count
     assert failed == sim.stats.put_failures
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_default_policy_is_within_half_a_point_of_a_plain_lru_of_the_whole_pool(
+        seed: int) -> None:
+    """The store's default marks keep the pool near full: its mirror's block hit rate is
+    within 0.5 points of a plain LRU as large as the whole pool, and closer to it than
+    the old 0.90 -> 0.80 marks."""
+    trace = _trace(seed=seed, n=6000)
+    segs = [2000 * 1024]
+    lru = StoreSim.lru(StoreSim.pool_slots(segs, 1000))
+    ours = StoreSim.watermark(segs, 1000)
+    old = StoreSim.watermark(segs, 1000, high=0.9, low=0.8)
+    for req in trace:
+        lru.request(req)
+        ours.request(req)
+        old.request(req)
+    gap = 100 * (lru.stats.block_hit_rate - ours.stats.block_hit_rate)
+    assert ours.stats.evictions > 1000 and 0 <= gap <= 0.5
+    assert lru.stats.block_hit_rate - old.stats.block_hit_rate > gap / 100
+    # The pool stays in its band: never below the low mark less one round.
+    assert ours.evict_to is not None and ours.batch is not None and ours.evict_above is not None
+    assert ours.evict_to - ours.batch <= ours.stats.held_min
+    assert ours.stats.held_max <= ours.evict_above

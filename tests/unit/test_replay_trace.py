@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import itertools
 import json
+import lzma
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bench.lru_sim import Request, iter_trace, parse_request, read_trace
 from bench.progress import ProgressBar, render_bar
-from bench.replay import Dispatcher, Rec, pp, prefill_estimate, rolling, summarize
+from bench.replay import DEFAULT_TRACE, Dispatcher, Rec, pp, prefill_estimate, rolling, summarize
 
 LINE = {"timestamp": 27482, "input_length": 6955, "output_length": 52,
         "hash_ids": [46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 2353]}
@@ -66,15 +71,34 @@ def test_dispatcher_hands_out_trace_order_once_and_counts_finished() -> None:
     assert Dispatcher(0).take(0) is None
 
 
-REAL = Path(__file__).resolve().parents[3] / "shared" / "traces" / "conversation_trace.jsonl"
+REAL = Path(__file__).resolve().parents[2] / "bench" / "data" / "conversation_trace.jsonl.xz"
 
 
-@pytest.mark.skipif(not REAL.exists(), reason="the conversation trace is not on this machine")
-def test_the_conversation_trace_parses() -> None:
-    reqs = read_trace(REAL, limit=500)
-    assert len(reqs) == 500
+def test_the_shipped_conversation_trace_parses_whole() -> None:
+    assert REAL == DEFAULT_TRACE                 # what the benchmark replays by default
+    reqs = read_trace(REAL)
+    assert len(reqs) == 12031
     assert all(len(r.hash_ids) == -(-r.input_length // 512) for r in reqs)
     assert all(a.timestamp_ms <= b.timestamp_ms for a, b in itertools.pairwise(reqs))
+    assert read_trace(REAL, limit=500) == reqs[:500]
+
+
+def test_the_shipped_trace_is_the_one_its_readme_names() -> None:
+    """bench/data/README.md gives the source's SHA-256: the file is that trace, unmodified."""
+    readme = (REAL.parent / "README.md").read_text()
+    (sha,) = re.findall(r"`([0-9a-f]{64})`", readme)
+    with lzma.open(REAL) as f:
+        assert hashlib.sha256(f.read()).hexdigest() == sha
+    assert "Apache License, Version 2.0" in readme and (REAL.parent / "LICENSE-APACHE").is_file()
+
+
+@pytest.mark.parametrize("compress", [gzip.open, lzma.open, open])
+def test_read_trace_opens_compressed_files(tmp_path: Path, compress: Any) -> None:
+    suffix = {gzip.open: ".gz", lzma.open: ".xz"}.get(compress, "")
+    p = tmp_path / f"t.jsonl{suffix}"
+    with compress(p, "wt") as f:
+        f.write("\n".join(json.dumps({**LINE, "timestamp": i}) for i in range(4)) + "\n")
+    assert [r.timestamp_ms for r in read_trace(p)] == [0, 1, 2, 3]
 
 
 # -- report helpers -------------------------------------------------------------------------

@@ -30,7 +30,9 @@ class Cluster:
     """One node: its DRAM segment and SSD tier behind its gRPC servicer, called directly."""
 
     def __init__(self, root: Path) -> None:
-        self.core = MasterCore(CoreConfig(), ManualClock())
+        # A DRAM of 24 objects needs a watermark gap of a few objects: demotion frees
+        # DRAM only after the node has copied, so a 2 % gap would make most puts BUSY.
+        self.core = MasterCore(CoreConfig(evict_high=0.9, evict_low=0.8), ManualClock())
         self.core.journal = []
         cap = SSD_OBJECTS * 13 * 4096
         self.core.mount_segment("n0", "dram:n0", BASE, DRAM)

@@ -109,3 +109,12 @@ def test_stats_data_aggregates_and_reduces() -> None:
     out = reduce_stats(merged)
     assert out["hit_tokens"] == 64 and out["load_transfer_count"] == 2
     assert out["load_transfer_avg_ms"] == pytest.approx(16.5)
+
+
+def test_the_namespace_digest_is_unchanged() -> None:
+    """Keys already in a store stay readable: the digest (kvstore_client.namespace) of a
+    fixed namespace is pinned."""
+    ns = Namespace(model="m@abc", revision="r", kv_dtype="torch.float16", block_size=16,
+                   hash_algo="sha256", hash_seed="0123", tp_size=2, tp_rank=1, pp_size=1,
+                   pp_rank=0, layout="NHD")
+    assert ns.digest.hex() == "22b24b05ea4b436b91982c07252751c7"

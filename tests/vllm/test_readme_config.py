@@ -1,4 +1,4 @@
-"""The README's vLLM configuration, as printed, through vLLM's own KVTransferConfig, and
+"""vllm_adapter/README.md's configuration, as printed, through vLLM's own KVTransferConfig, and
 the same settings the engine tests run with (tests/vllm/helpers.connector_config)."""
 
 from __future__ import annotations
@@ -25,5 +25,5 @@ def test_readme_vllm_config_is_what_the_engine_tests_run() -> None:
     # the tests add short timeouts of their own; everything printed is what they use
     ours["kv_connector_extra_config"] = {"etcd": "127.0.0.1:2379"}
     assert printed == ours
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert m.group(1) in readme[readme.index("### vLLM"):]  # the vLLM section's command too
+    readme = (Path(__file__).resolve().parents[2] / "vllm_adapter" / "README.md").read_text()
+    assert m.group(1) in readme[readme.index("## Run it"):]  # the `vllm serve` command it runs

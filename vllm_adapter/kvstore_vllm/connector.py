@@ -189,7 +189,7 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
                 layerwise_load=self.settings.layerwise_load,
                 staging_bytes=self.settings.staging_bytes,
                 layer_groups={name: index for index, _, names in groups for name in names},
-                writes=not self.mla or tp_rank == 0)
+                writes=not self.mla or tp_rank == 0, gpu_direct=self.settings.gpu_direct)
             log.info("KVStoreConnector (worker tp=%d pp=%d, %s) layerwise_load=%s%s; namespace %s",
                      tp_rank, pp_rank, ktc.kv_role, self.settings.layerwise_load,
                      "" if not self.mla else " mla(writes=%s)" % (tp_rank == 0), ns.describe())

@@ -19,15 +19,15 @@ This module is pure: no vLLM, no I/O.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+
+from kvstore_client.namespace import namespace_digest
 
 # Bump when the bytes of an object change meaning (layout of a page, what an object
 # spans). Old objects then stop matching instead of being misread.
 FORMAT_VERSION = 1
 
-NAMESPACE_BYTES = 16
 LAYER_TAG_BYTES = 4
 
 
@@ -53,8 +53,7 @@ class Namespace:
 
     @property
     def digest(self) -> bytes:
-        canon = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
-        return hashlib.blake2b(canon.encode(), digest_size=NAMESPACE_BYTES).digest()
+        return namespace_digest(asdict(self))
 
     def describe(self) -> str:
         """One line for the start-up log: every field and the digest."""

@@ -9,9 +9,10 @@ owns one event loop in a daemon thread, running one `AsyncKVStoreClient`:
 - `call(op, timeout)` does the same and waits (the scheduler's lookup).
 
 The client is created and connected lazily, and re-connected after failures. When the
-store cannot be reached, the link is *down* for `retry_interval` seconds: every
-operation fails at once with `Unavailable` instead of waiting on timeouts again, so a
-dead store costs misses, never a stalled engine.
+store cannot be reached, the link is *down* for `retry_interval` seconds
+(`kvstore_client.outage`, the rule every adapter follows): every operation fails at once
+with `Unavailable` instead of waiting on timeouts again, so a dead store costs misses,
+never a stalled engine.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from kvstore.errors import InvalidArgument, KVStoreError, Unavailable
 from kvstore_client import AsyncKVStoreClient
+from kvstore_client.outage import Outage
 from kvstore_vllm.settings import Settings
 
 log = logging.getLogger("vllm.kvstore_vllm")
@@ -42,8 +43,7 @@ class StoreLink:
         self._buffer_size = buffer_size
         self._client: AsyncKVStoreClient | None = None
         self._connected = False
-        self._down_until = 0.0
-        self._down_reason = ""
+        self._outage = Outage(settings.retry_interval)
         self._registered: list[Any] = []  # buffers to (re-)register with a new client
         self._connect_lock = asyncio.Lock()
         self._loop = asyncio.new_event_loop()
@@ -56,14 +56,11 @@ class StoreLink:
 
     @property
     def down(self) -> bool:
-        return time.monotonic() < self._down_until
+        return self._outage.down
 
     def mark_down(self, reason: str) -> None:
-        was_down = self.down
-        self._down_until = time.monotonic() + self.settings.retry_interval
-        self._down_reason = reason
         self._connected = False
-        if not was_down:
+        if self._outage.fail(reason):  # one warning per outage
             log.warning("kvstore (%s side) unreachable: %s; treating it as empty (no hits, "
                         "no saves) and retrying in %.0f s", self.name, reason,
                         self.settings.retry_interval)
@@ -80,7 +77,7 @@ class StoreLink:
             # Checked here too, not only on the link's loop: that loop may still be busy
             # with the call that found the store down (creating the client, its Transfer
             # Engine, takes a while), and waiting for it would stall the scheduler.
-            raise Unavailable(f"kvstore is treated as down for a few seconds ({self._down_reason})")
+            raise Unavailable(f"kvstore is treated as down for a few seconds ({self._outage.reason})")
         fut = self.submit(op)
         try:
             return fut.result(timeout if timeout is not None else self.settings.timeout * 2 + 1)
@@ -112,7 +109,7 @@ class StoreLink:
 
     async def _run(self, op: Op[T]) -> T:
         if self.down:
-            raise Unavailable(f"kvstore is treated as down for a few seconds ({self._down_reason})")
+            raise Unavailable(f"kvstore is treated as down for a few seconds ({self._outage.reason})")
         try:
             client = await self._ensure_client()
             return await op(client)
@@ -159,7 +156,9 @@ class StoreLink:
             except Exception as exc:  # etcd unreachable and the like
                 raise Unavailable(f"cannot reach the kvstore master: {exc}") from exc
             self._connected = True
-            log.info("kvstore (%s side) connected to master %s", self.name, client.master_address)
+            again = " again" if self._outage.answered() else ""
+            log.info("kvstore (%s side) connected%s to master %s", self.name, again,
+                     client.master_address)
 
     def close(self) -> None:
         if self._closed:

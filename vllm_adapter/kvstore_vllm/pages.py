@@ -3,11 +3,12 @@
 An object in the store is one *page*: the bytes of one layer for one block, in the
 order the engine's layout keeps them (the layout is part of the key namespace).
 
-- Zero-copy: when a page is one contiguous run of CPU memory (vLLM's CPU backend,
-  and every layout whose block dimension is outermost in the layer's tensor), the
+- Zero-copy: when a page is one contiguous run of memory the Transfer Engine can move
+  (host memory; GPU memory too with a CUDA build of the engine, "GPU-direct"), the
   client reads and writes it in place: the KV tensors are registered once.
-- Staging: otherwise (K and V split into separate planes, GPU memory) each page is
-  gathered into, or scattered from, a registered staging buffer with one copy.
+- Staging: otherwise (K and V split into separate planes, GPU memory with a CPU build
+  of the engine, or `gpu_direct: "off"`) each page is gathered into, or scattered
+  from, a registered host staging buffer with one copy.
 """
 
 from __future__ import annotations
@@ -25,14 +26,10 @@ class LayerPages:
     tensor: torch.Tensor
     block_dim: int
     page_bytes: int
-    contiguous: bool  # every page is one contiguous CPU run
+    contiguous: bool  # every page is one contiguous run the engine can move
 
     def page(self, block_id: int) -> torch.Tensor:
         return self.tensor.select(self.block_dim, block_id)
-
-    def page_bytes_view(self, block_id: int) -> torch.Tensor:
-        """The page as a flat uint8 tensor aliasing the KV cache (zero-copy only)."""
-        return self.page(block_id).view(torch.uint8).reshape(-1)
 
 
 def _block_dim(t: torch.Tensor, num_blocks: int) -> int:
@@ -45,39 +42,52 @@ def _block_dim(t: torch.Tensor, num_blocks: int) -> int:
 
 
 class KVPages:
-    """The registered KV cache of one worker, by layer name."""
+    """The registered KV cache of one worker, by layer name.
 
-    def __init__(self, kv_caches: dict[str, torch.Tensor], num_blocks: int) -> None:
+    `movable`: the device types whose memory the engine moves in place (kvstore.devices;
+    "cpu" alone with a CPU build of the engine or with `gpu_direct: "off"`).
+    """
+
+    def __init__(self, kv_caches: dict[str, torch.Tensor], num_blocks: int,
+                 movable: frozenset[str] = frozenset({"cpu"})) -> None:
         self.layers: dict[str, LayerPages] = {}
         for name, t in kv_caches.items():
             d = _block_dim(t, num_blocks)
             sample = t.select(d, 0)
-            contiguous = t.device.type == "cpu" and sample.is_contiguous()
+            contiguous = t.device.type in movable and sample.is_contiguous()
             self.layers[name] = LayerPages(name, t, d, sample.numel() * sample.element_size(),
                                            contiguous)
         self.zero_copy = all(lp.contiguous for lp in self.layers.values())
+        self.on_gpu = any(lp.tensor.device.type != "cpu" for lp in self.layers.values())
 
     def storages(self) -> list[torch.Tensor]:
-        """Each distinct CPU allocation behind the KV tensors, once, as a uint8 tensor.
+        """Each distinct allocation behind the KV tensors, once, as a uint8 tensor on
+        its device.
 
         Layers often share one allocation; registering each layer's view separately
         would register overlapping ranges.
         """
         seen: dict[int, torch.Tensor] = {}
         for lp in self.layers.values():
-            if lp.tensor.device.type != "cpu":
-                continue
             st = lp.tensor.untyped_storage()
             if st.data_ptr() not in seen:
-                seen[st.data_ptr()] = torch.empty(0, dtype=torch.uint8).set_(
+                seen[st.data_ptr()] = torch.empty(0, dtype=torch.uint8,
+                                                  device=lp.tensor.device).set_(
                     st, 0, (st.nbytes(),), (1,))
         return list(seen.values())
+
+    def path(self) -> str:
+        """How pages move, in the words of the start-up log."""
+        if not self.zero_copy:
+            return "staged through host memory"
+        return "GPU-direct" if self.on_gpu else "zero-copy"
 
     def layout_tag(self) -> str:
         """The physical page geometry, for the start-up log."""
         lp = next(iter(self.layers.values()))
-        return (f"shape={tuple(lp.tensor.shape)} dtype={lp.tensor.dtype} block_dim={lp.block_dim} "
-                f"page_bytes={lp.page_bytes} zero_copy={self.zero_copy}")
+        return (f"shape={tuple(lp.tensor.shape)} dtype={lp.tensor.dtype} "
+                f"device={lp.tensor.device} block_dim={lp.block_dim} "
+                f"page_bytes={lp.page_bytes} zero_copy={self.zero_copy} path={self.path()}")
 
 
 class Staging:

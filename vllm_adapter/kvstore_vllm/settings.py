@@ -53,6 +53,10 @@ class Settings:
     sliding_window_checkpoints: str = ""
     # Registered staging memory for layouts whose pages are not contiguous.
     staging_bytes: int = 64 << 20
+    # GPU KV caches: "auto" moves contiguous pages GPU-direct when the Transfer Engine
+    # is a CUDA build and stages them through host memory otherwise; "on" refuses to
+    # start without GPU-direct; "off" always stages. The start-up log says which.
+    gpu_direct: str = "auto"
     # Security: a file holding the client token (never the token itself: vLLM logs its
     # config), the CA of the master's certificate, and the name to check it for. Unset:
     # $KVSTORE_TOKEN / $KVSTORE_TLS_CA / the credentials file, as for any client.

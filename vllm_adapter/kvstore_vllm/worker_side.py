@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from kvstore.devices import engine_devices
 from kvstore.errors import CorruptObject, KVStoreError
 from kvstore_client import AsyncKVStoreClient, Lease
 from kvstore_vllm.keys import RankLayers
@@ -85,6 +86,28 @@ class _Load:
     timeline: Timeline = field(default_factory=Timeline)
 
 
+GPU_DIRECT = ("auto", "on", "off")
+
+
+def check_gpu_direct(value: str) -> str:
+    if value not in GPU_DIRECT:
+        raise ValueError(f"KVStoreConnector: gpu_direct must be one of {GPU_DIRECT}, not {value!r}")
+    return value
+
+
+def movable_devices(gpu_direct: str) -> frozenset[str]:
+    """The devices whose pages move in place: those the engine can address, less the
+    GPU when GPU-direct is off."""
+    return frozenset({"cpu"}) if gpu_direct == "off" else engine_devices()
+
+
+def _stream_point() -> torch.cuda.Event:
+    """An event at the current end of the calling thread's CUDA stream (the forward's)."""
+    ready = torch.cuda.Event()
+    ready.record()
+    return ready
+
+
 def _outcome(fut: concurrent.futures.Future[_Done]) -> _Done:
     """A job's result; a job that raised (store down, a bug) is a failed job."""
     try:
@@ -99,7 +122,8 @@ def _outcome(fut: concurrent.futures.Future[_Done]) -> _Done:
 class WorkerSide:
     def __init__(self, link: StoreLink, rank: RankLayers, *, num_blocks: int, layerwise_load: bool,
                  staging_bytes: int, layer_groups: dict[str, int] | None = None,
-                 writes: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
+                 writes: bool = True, gpu_direct: str = "auto",
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.link = link
         self.rank = rank
         # vLLM's KV cache group of each layer (one group: all 0).
@@ -108,6 +132,7 @@ class WorkerSide:
         self.num_blocks = num_blocks
         self.layerwise_load = layerwise_load
         self.staging_bytes = staging_bytes
+        self.gpu_direct = check_gpu_direct(gpu_direct)
         self.clock = clock
         self.pages: KVPages | None = None
         self._staging: Staging | None = None
@@ -135,7 +160,13 @@ class WorkerSide:
         if missing:
             raise ValueError(f"KVStoreConnector: KV caches for layers {missing} were not "
                              "registered; the model's layers differ from the KV cache config")
-        self.pages = KVPages({n: kv_caches[n] for n in self.rank.layers}, self.num_blocks)
+        self.pages = KVPages({n: kv_caches[n] for n in self.rank.layers}, self.num_blocks,
+                             movable_devices(self.gpu_direct))
+        if self.gpu_direct == "on" and self.pages.on_gpu and not self.pages.zero_copy:
+            raise ValueError("KVStoreConnector: gpu_direct is 'on' but the GPU KV pages cannot "
+                             "move in place (" + self.pages.layout_tag() + "); it needs a CUDA "
+                             "build of the Transfer Engine and a layout whose pages are "
+                             "contiguous; set gpu_direct to 'auto' to stage them instead")
         for storage in self.pages.storages():
             if self.pages.zero_copy:
                 self.link.register(storage)
@@ -271,8 +302,14 @@ class WorkerSide:
                     targets.append(pages.layers[name].page(b))
                     owners.append(lp.block_ids[j])
 
+        # GPU-direct: kernels already queued on the forward's stream may still touch the
+        # blocks the engine is about to overwrite; the read waits for them.
+        ready = _stream_point() if pages.zero_copy and pages.on_gpu else None
+
         async def job(client: AsyncKVStoreClient) -> _Done:
             started = self.clock()
+            if ready is not None:
+                await asyncio.to_thread(ready.synchronize)
             try:
                 if pages.zero_copy:
                     views = [t.view(torch.uint8).reshape(-1) for t in targets]
@@ -370,10 +407,7 @@ class WorkerSide:
         submitted = self.clock()
         # On a GPU the attention kernel that wrote these pages may still be running:
         # the copy out waits for an event recorded on the forward's stream.
-        ready = None
-        if lp.tensor.device.type == "cuda":
-            ready = torch.cuda.Event()
-            ready.record()
+        ready = _stream_point() if lp.tensor.device.type == "cuda" else None
 
         async def job(client: AsyncKVStoreClient) -> _Done:
             started = self.clock()

@@ -11,47 +11,37 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from itertools import repeat
-from typing import TYPE_CHECKING
 
 from kvstore.errors import Code
 
-from .keys import all_valid, bad_key_message, norm_key, norm_keys
+from .checks import all_objects, is_checksum, is_size
+from .keys import all_valid, norm_keys
 from .objects import PendingWrite
 from .results import Location, PutStartResult, location
 from .segments import OFFSET_BITS
 from .state import CoreState
 
-if TYPE_CHECKING:  # writes.py owns this path
-    from .writes import Writes
-
-_MAX_CHECKSUM = 1 << 64
 _new_object = object.__new__
 
 
 def all_new(keys: Sequence[object], sizes: Sequence[object], checksums: Sequence[object],
             largest: int, index: dict[bytes, int]) -> bool:
     """True when every key is bytes of a valid length, distinct and not indexed, every
-    size an int in (0, largest], every checksum a 64-bit unsigned int: what put_start's
-    per-key checks would find of each, without a Python-level loop."""
-    try:
-        return (
-            all_valid(keys)
-            and set(map(type, sizes)) == {int}
-            and set(map(type, checksums)) == {int}
-            and min(sizes) > 0 and max(sizes) <= largest  # type: ignore[type-var,operator]
-            and min(checksums) >= 0 and max(checksums) < _MAX_CHECKSUM  # type: ignore[type-var,operator]
-            and len(set(keys)) == len(keys)
-            and index.keys().isdisjoint(keys)
-        )
-    except TypeError:
-        return False
+    size and checksum passes the object check (checks.py) and no size is above
+    `largest`: what put_start's per-key checks would find of each, without a
+    Python-level loop."""
+    return (
+        all_valid(keys)
+        and all_objects(sizes, checksums, largest)
+        and len(set(keys)) == len(keys)
+        and index.keys().isdisjoint(keys)
+    )
 
 
 class BatchPut:
-    def __init__(self, state: CoreState, writes: Writes) -> None:
+    def __init__(self, state: CoreState) -> None:
         self._state = state
         self._t = state.objects
-        self._writes = writes
 
     def put(  # noqa: C901 (the batch path is the single-put rules unrolled for speed; the twin test checks it)
         self,
@@ -63,10 +53,12 @@ class BatchPut:
         now: float,
         deadline: float,
         largest: int,
-    ) -> list[PutStartResult] | None:
+    ) -> tuple[list[PutStartResult | None], bool] | None:
         """put_start of a whole batch with a few allocator calls per segment instead of
         one per replica; None, having changed nothing, when it cannot promise exactly
-        the results and state of Writes.put_each (the caller then runs that).
+        the results and state of Writes.put_each (the caller then runs that). Else
+        (results, whole): `whole` False when some positions are None, keys this path
+        placed nothing for, which the caller answers in order (Writes.fill_batch).
 
         put_each places the new objects one at a time: each on the DRAM segment with
         the most free bytes among those with an extent that fits (want > 1: the `want`
@@ -77,7 +69,7 @@ class BatchPut:
         free bytes, which this replays with arithmetic, and the offsets inside each
         segment are those of the same sequence of best-fit allocations
         (ExtentAllocator.allocate_run). Keys that place nothing (invalid, repeated,
-        already there, too large) get put_one's answer, computed at their position.
+        already there, too large) are left to put_one, which changes no space for them.
         Quotas (which may evict per key) always take the general path.
         """
         state = self._state
@@ -104,11 +96,8 @@ class BatchPut:
                                                           strict=True)):
                 if k is not None and k not in first_seen:
                     first_seen.add(k)
-                    if (
-                        isinstance(size, int) and 0 < size <= largest
-                        and isinstance(checksum, int) and 0 <= checksum < _MAX_CHECKSUM
-                        and k not in index
-                    ):
+                    if is_size(size) and size <= largest and is_checksum(checksum) \
+                            and k not in index:
                         new_at.append(pos)
                         new_keys.append(k)
                         new_sizes.append(size)
@@ -166,9 +155,8 @@ class BatchPut:
                 run = j + 1
                 while run < len(mine) and mine[run] == a:
                     run += 1
-                got += seg.alloc.allocate_run(a, run - j)
+                got += seg.take_run(a, run - j)
                 j = run
-            seg.replicas += len(got)
             offsets.append(got)
         # 4. Index the objects (slots and placements in key order, as put_each would)
         # and answer.
@@ -234,25 +222,8 @@ class BatchPut:
             state.grow_lrus()
         state.ledger.started(added_space, added_size)
         if len(made) == len(keys):
-            return made
-        by_pos = dict(zip(new_at, zip(new_keys, made, strict=True), strict=True))
-        results: list[PutStartResult] = []
-        seen: dict[bytes, PutStartResult] = {}
-        for pos, (key, size, checksum) in enumerate(zip(keys, sizes, checksums, strict=True)):
-            done = by_pos.get(pos)
-            if done is not None:
-                seen[done[0]] = done[1]
-                results.append(done[1])
-                continue
-            k = norm_key(key)
-            if k is None:
-                results.append(self._writes.put_failed("invalid_argument", bad_key_message(key)))
-                continue
-            answer = seen.get(k)
-            if answer is None:
-                # Never reaches placement (step 1 said so), so it changes no space.
-                answer = seen[k] = self._writes.put_one(k, size, checksum, want, writer, now,
-                                                        deadline, largest)
-            results.append(answer)
-        return results
-
+            return made, True  # type: ignore[return-value]  # (list is invariant)
+        results: list[PutStartResult | None] = [None] * len(keys)
+        for pos, r in zip(new_at, made, strict=True):
+            results[pos] = r
+        return results, False

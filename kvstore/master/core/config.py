@@ -14,15 +14,22 @@ class CoreConfig:
     put_timeout: float = 30.0  # PENDING objects older than this are reclaimed
     default_lease_ttl: float = 30.0
     max_lease_ttl: float = 300.0  # a ttl above this is refused
-    evict_high: float = 0.90  # fraction of the DRAM pool's bytes
-    evict_low: float = 0.80
+    evict_high: float = 0.98  # fraction of the DRAM pool's bytes
+    evict_low: float = 0.97
+    # At most this many objects per watermark round (one put batch or one tick): a
+    # round costs O(evict_batch) however large the pool, and an allocation that finds
+    # no room still evicts for itself one object at a time.
+    evict_batch: int = 1024
+    # Pinned DRAM bytes one lease holder (and one tenant) may hold, as a share of the
+    # pool (pin_cap.py): a lookup beyond it reports a shorter prefix.
+    pin_share: float = 0.5
     alignment: int = 64
     default_replicas: int = 1
     max_replicas: int = 8
     max_batch: int = 65536  # keys per call
     # Lease ids must not repeat across leaders: a client holding lease 7 from the old
-    # leader must not release someone else's lease 7 on the new one. The server sets
-    # this from its election epoch (for example `epoch << 40 | 1`).
+    # leader must not release someone else's lease 7 on the new one. The daemon sets
+    # this from its election epoch: `epoch << 32` (kvstore/master/daemon.py).
     first_lease_id: int = 1
     # Events wait here until the I/O layer drains them; past this many the oldest are
     # dropped (and counted) rather than letting an idle drainer grow memory forever.
@@ -37,6 +44,10 @@ class CoreConfig:
                 f"watermarks must satisfy 0 < evict_low < evict_high <= 1, "
                 f"got evict_low={self.evict_low} evict_high={self.evict_high}"
             )
+        if not (isinstance(self.evict_batch, int) and self.evict_batch >= 1):
+            raise InvalidArgument(f"evict_batch must be a whole number >= 1, got {self.evict_batch}")
+        if not 0.0 < self.pin_share <= 1.0:
+            raise InvalidArgument(f"pin_share must be in (0, 1], got {self.pin_share}")
         if not self.put_timeout > 0:
             raise InvalidArgument(f"put_timeout must be > 0 seconds, got {self.put_timeout}")
         if not self.max_lease_ttl > 0:
@@ -77,6 +88,8 @@ LIVE_SETTINGS: dict[str, str] = {
     "max_lease_ttl": "longest read lease a client may ask for, in seconds",
     "default_lease_ttl": "lease length when a client asks for none, in seconds",
     "put_timeout": "seconds before an uncommitted put is reclaimed",
+    "evict_batch": "most objects one eviction round (a put batch or a tick) evicts",
+    "pin_share": "share of the DRAM pool one client or one tenant may keep pinned",
 }
 
 
@@ -91,6 +104,16 @@ def parse_setting(name: str, text: str) -> float:
         raise InvalidArgument(f"{name} must be a number, got {text!r}") from None
     if not math.isfinite(value):
         raise InvalidArgument(f"{name} must be a finite number, got {text!r}")
+    if name == "evict_batch":
+        if not (value >= 1 and value == int(value)):
+            raise InvalidArgument(f"evict_batch is a number of objects: a whole number >= 1, "
+                                  f"got {value:g}")
+        return value
+    if name == "pin_share":
+        if not 0.0 < value <= 1.0:
+            raise InvalidArgument(f"pin_share is a share of the DRAM pool: it must be in (0, 1], "
+                                  f"got {value:g}")
+        return value
     if name.startswith("evict_") and not 0.0 < value <= 1.0:
         raise InvalidArgument(
             f"{name} is a fraction of the DRAM pool: it must be in (0, 1], got {value:g}")
@@ -111,7 +134,10 @@ def with_settings(config: CoreConfig, settings: Mapping[str, float]) -> CoreConf
         raise InvalidArgument(
             f"{', '.join(unknown)} cannot change at run time; live settings are "
             f"{', '.join(LIVE_SETTINGS)}")
-    return replace(config, **dict(settings))  # type: ignore[arg-type]
+    values = dict(settings)
+    if "evict_batch" in values:  # a count: etcd and parse_setting give it as a float
+        values["evict_batch"] = int(values["evict_batch"])
+    return replace(config, **values)  # type: ignore[arg-type]
 
 
 def same_structure(a: CoreConfig, b: CoreConfig) -> bool:

@@ -1,8 +1,9 @@
 """MasterCore: the whole master minus I/O, driven by method calls and a clock.
 
 Rule 1: everything that decides an object's fate lives behind this facade — PENDING ->
-COMPLETE -> (evicted | removed | lost with its node), who pins it, where its replicas
-are, when space is reclaimed. The gRPC server and the etcd watcher only translate
+COMPLETE -> pinned / moving -> gone (lifecycle.py's table: every move, the verbs that
+make it and what it changes), who pins it, where its replicas are, when space is
+reclaimed. The gRPC server and the etcd watcher only translate
 messages into these calls and results back into messages.
 
 Rule 2: nothing here blocks, sleeps, logs on a hot path, reads the time except through
@@ -14,20 +15,27 @@ Rule 3: per-key problems in a batch are per-key result codes; only a malformed c
 (batch too large, lists of different lengths, a bad TTL or lease id) raises, and a call
 that raises has changed nothing.
 
-The promise (DESIGN.md, "Leases and pins"): an object pinned by a live lease is never
+The promise (docs/architecture.md, "Leases and pins"): an object pinned by a live lease is never
 evicted or re-allocated; only a forced remove or the loss of its node can take it, and
 the reader then gets NOT_FOUND under its lease instead of someone else's bytes.
 
 The facade holds the rules and the public verbs; the mechanisms are collaborators over
 one explicit state (state.py), each with one reason to change:
 
-    state.py       the tables, the space ledger, the counters, CoreState.drop
+    lifecycle.py   an object's states and moves, as one table (the tests hold every
+                   call to it)
+    state.py       the tables, the space ledger, the counters, the replica journal,
+                   CoreState.drop
+    objects.py     the object table: columns by slot, the phase of each
+    segments.py    mounted segments; Segment.take / give keep a segment's replica count
     keys.py        the one key check
+    checks.py      the one object check (size, checksum)
     writes.py      put_start's general path, put_end, put_commit, put_revoke, remove
     batch_put.py   put_start's batch path (held to put_each's answers by a twin test)
     reads.py       exists, lookup, get_replicas
     pins.py        the only writer of pin counts; leases turned into pins
-    eviction.py    the LRU order, the eviction policy and its bookkeeping
+    lru.py         the LRU order of evictable objects
+    eviction.py    the eviction policy and its bookkeeping
     tiers.py       demotion to SSD and promotion back
     quotas.py      tenant quotas
     membership.py  segments mounted and lost, adoption, draining a node
@@ -46,6 +54,7 @@ from .config import CoreConfig, same_structure
 from .eviction import Eviction
 from .introspect import Introspect
 from .membership import Membership
+from .pin_cap import PinCap
 from .pins import Pins
 from .quotas import Quotas
 from .reads import Reads
@@ -83,6 +92,7 @@ class MasterCore:
         self._quotas = Quotas(state, self._eviction)
         self._writes = Writes(state, self._pins, self._eviction, self._tiers, self._quotas)
         self._reads = Reads(state, self._pins, self._tiers)
+        self._pin_cap = self._reads.pin_cap = PinCap(state)
         self._membership = Membership(state, self._pins)
         self._introspect = Introspect(state, self._membership, self._quotas)
 
@@ -216,7 +226,8 @@ class MasterCore:
         """Pin the longest contiguous COMPLETE prefix of `keys` under a new lease.
 
         A key repeated inside the prefix is pinned once per position, so trimming the
-        lease with keep_first_n stays positional.
+        lease with keep_first_n stays positional. A prefix that would take the holder
+        or the owner past pin_share of the DRAM pool is cut where it fits (pin_cap.py).
         """
         return self._reads.lookup(keys, lease_ttl, holder, owner)
 
@@ -368,7 +379,10 @@ class MasterCore:
     # ------------------------------------------------------------------ introspection
 
     def stats(self) -> CoreStats:
-        return self._introspect.stats()
+        st = self._introspect.stats()
+        st.pin_capped = self._pin_cap.capped
+        st.pin_capped_keys = self._pin_cap.capped_keys
+        return st
 
     def inspect(self, key: bytes) -> ObjectInfo | None:
         return self._introspect.inspect(key)
@@ -435,6 +449,6 @@ class MasterCore:
         TTLs to leases granted or renewed from now on."""
         if not same_structure(self._state.config, config):
             raise InvalidArgument(
-                "only live settings (evict_high, evict_low, max_lease_ttl, "
-                "default_lease_ttl, put_timeout) can change without a restart")
+                "only live settings (evict_high, evict_low, evict_batch, pin_share, "
+                "max_lease_ttl, default_lease_ttl, put_timeout) can change without a restart")
         self._state.config = config

@@ -1,127 +1,25 @@
-"""The LRU list of evictable objects: COMPLETE and pinned by no lease.
+"""The eviction policy, and the one bookkeeping every eviction goes through.
 
-Why exact LRU, and why it is cheap here. Redis samples a few keys and evicts the oldest
-of the sample (evict.c), because an exact LRU costs two pointers per key on top of a
-tiny record, and its eviction must visit keys that cannot be evicted. Our records are
-larger and our unevictable objects are kept off the list, so an exact list costs 8 bytes
-per object (two int32 columns indexed by slot) and evicting k objects costs O(k):
-
-  * an object joins the list at the most-recent end when it becomes evictable: on
-    `put_end`, and when the last lease pinning it lets go;
-  * it leaves the list when it stops being evictable: pinned by a lookup or a read
-    (which is also what "touch" means — a pinned object returns at the recent end when
-    unpinned), removed, or lost with its node;
-  * PENDING objects never join.
-
-So the oldest entry is always the best victim and there is never anything to skip.
-
-The eviction *policy* lives here too (Eviction): when to start (above evict_high of the
-DRAM pool, or when an allocation finds no room), where to stop (evict_low, or the first
-victim that makes room), the post-failover hold (nothing is evicted before
-hold_eviction_until: the old leader's pins are unknown), demoting instead of dropping
-where the node has an SSD tier, and the one bookkeeping every eviction goes through
-(Eviction.evict: counters, the EVICTED event, the drop).
+When to start (above evict_high of the DRAM pool, or when an allocation finds no room),
+where to stop (evict_low, or the first victim that makes room), how much one round may
+take (evict_batch objects: the marks sit close to the top so the pool stays full, and a
+round stays small however large the pool is), the post-failover hold
+(nothing is evicted before hold_eviction_until: the old leader's pins are unknown),
+demoting instead of dropping where the node has an SSD tier, and the bookkeeping
+(Eviction.evict: counters, the EVICTED event, the drop). Victims come oldest first
+from the LRU list of evictable objects (lru.py).
 """
 
 from __future__ import annotations
 
-from array import array
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from kvstore.errors import InvalidArgument
 
 from .placement import place
 from .results import Event, EventKind, EvictionReport, Tier
 from .segments import DRAM, OFFSET_BITS, Segment
-
-if TYPE_CHECKING:  # state.py imports LruList from here
-    from .state import CoreState, Frees
-
-_OFF = -1  # not on the list
-_HEAD = 0  # sentinel slot: next[0] is the oldest, prev[0] the most recent
-
-
-class LruList:
-    __slots__ = ("_len", "next", "prev")
-
-    def __init__(self) -> None:
-        self.prev = array("i", [_HEAD])
-        self.next = array("i", [_HEAD])
-        self._len = 0
-
-    def __len__(self) -> int:
-        return self._len
-
-    def grow(self, slots: int) -> None:
-        """Make room for slots [0, slots)."""
-        extra = slots - len(self.prev)
-        if extra > 0:
-            self.prev.extend([_OFF] * extra)
-            self.next.extend([_OFF] * extra)
-
-    def push(self, s: int) -> None:
-        """Append at the most-recent end."""
-        prev = self.prev
-        last = prev[_HEAD]
-        prev[s] = last
-        self.next[s] = _HEAD
-        self.next[last] = s
-        prev[_HEAD] = s
-        self._len += 1
-
-    def push_all(self, slots: Iterable[int]) -> None:
-        """push() for many slots, in order: releasing a lease unpins in bulk."""
-        prev = self.prev
-        nxt = self.next
-        last = prev[_HEAD]
-        n = 0
-        for s in slots:
-            prev[s] = last
-            nxt[last] = s
-            last = s
-            n += 1
-        nxt[last] = _HEAD
-        prev[_HEAD] = last
-        self._len += n
-
-    def unlink(self, s: int) -> None:
-        nxt = self.next
-        n = nxt[s]
-        if n == _OFF:
-            return
-        p = self.prev[s]
-        nxt[p] = n
-        self.prev[n] = p
-        nxt[s] = _OFF
-        self.prev[s] = _OFF
-        self._len -= 1
-
-    def touch(self, s: int) -> None:
-        """Move a slot on the list to the most-recent end (one off the list stays off)."""
-        if self.next[s] == _OFF:
-            return
-        self.unlink(s)
-        self.push(s)
-
-    def unlink_all(self, slots: Iterable[int]) -> None:
-        """unlink() for many slots, all on the list: the lookup path pins in bulk."""
-        prev = self.prev
-        nxt = self.next
-        n = 0
-        for s in slots:
-            a = prev[s]
-            b = nxt[s]
-            nxt[a] = b
-            prev[b] = a
-            nxt[s] = _OFF
-            prev[s] = _OFF
-            n += 1
-        self._len -= n
-
-    def oldest(self) -> int:
-        """The least recently used slot, or 0 when the list is empty."""
-        return self.next[_HEAD]
+from .state import CoreState, Frees
 
 
 def _no_demotion(s: int) -> bool:
@@ -138,6 +36,7 @@ class Eviction:
         # Start demoting slot s instead of dropping it: True if it is on its way to SSD.
         # Tiers demote for eviction and evict for their moves; the facade ties the knot.
         self.demote: Callable[[int], bool] = _no_demotion
+        self._unfinished = False  # the last watermark round stopped at evict_batch
 
     # -- bookkeeping --------------------------------------------------------------
 
@@ -201,6 +100,11 @@ class Eviction:
     def evict_until(self, target: float, used: int, limit: int | None = None) -> int:
         """Evict until used <= target (or `limit` objects went); returns used afterwards.
         Stops at the first object that gets there, so it never evicts more than needed."""
+        return self._evict_until(target, used, limit)[0]
+
+    def _evict_until(self, target: float, used: int,
+                     limit: int | None = None) -> tuple[int, int]:
+        """evict_until, and how many objects went (evicted or demoting)."""
         n = 0
         # Nothing here allocates DRAM or looks at its free extents (`used` counts the
         # objects' footprints), so the victims' ranges can be freed together at the end:
@@ -215,19 +119,27 @@ class Eviction:
                 n += 1
         finally:
             for seg, ranges in frees.items():
-                seg.alloc.free_many(ranges)
-        return used
+                seg.give_many(ranges)
+        return used, n
 
     def to_watermark(self, now: float) -> None:
-        """Above evict_high of the DRAM pool, evict (or demote) down to evict_low."""
+        """Above evict_high of the DRAM pool, evict (or demote) down to evict_low, at
+        most evict_batch objects per round: with the default marks close together the
+        pool stays near full, and a round never costs more than the batch. A round the
+        batch cut short is not blocked: the next put or tick goes on from there."""
         state = self._state
         if now < state.hold_until or not state.pool_capacity:
             return
         used = state.pool_used()
         config = state.config
-        if used > config.evict_high * state.pool_capacity:
+        if used > config.evict_high * state.pool_capacity or self._unfinished:
             target = config.evict_low * state.pool_capacity
-            used = self.evict_until(target, used)
+            used, n = self._evict_until(target, used, config.evict_batch)
+            # Cut short by the batch: the next round goes on down to evict_low, even
+            # from below evict_high.
+            self._unfinished = used > target and n >= config.evict_batch
+            if self._unfinished:
+                return
             if used > target:
                 # Every tick retries; one shortfall episode is counted once.
                 if not state.watermark_blocked:

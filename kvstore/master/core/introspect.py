@@ -14,6 +14,7 @@ import numpy as np
 from kvstore.errors import InvalidArgument
 
 from .keys import norm_key
+from .lifecycle import COMPLETE
 from .membership import Membership
 from .quotas import Quotas
 from .results import (
@@ -54,9 +55,11 @@ class Introspect:
         t = self._t
         mask = state.align_mask
         pins = np.frombuffer(t.pins, dtype=np.int32).copy()
+        phase = np.frombuffer(t.phase, dtype=np.int8).copy()
         where = np.frombuffer(t.where, dtype=np.uint64).copy()
         sizes = np.frombuffer(t.size, dtype=np.int64).copy()
-        pinned = pins > 0
+        # A pin count means something for COMPLETE objects only (objects.py).
+        pinned = (pins > 0) & (phase == COMPLETE)
         seg_of = (where[pinned] >> np.uint64(OFFSET_BITS)).astype(np.int64)
         asize = (sizes[pinned] + mask) & ~mask
         pinned_replicas: dict[int, int] = {}
@@ -68,7 +71,7 @@ class Introspect:
                 pinned_replicas[i] = c
                 pinned_bytes[i] = int(b)
         for s, extra in t.extra.items():
-            if t.pins[s] > 0:
+            if t.phase[s] == COMPLETE and t.pins[s] > 0:
                 a = (t.size[s] + mask) & ~mask
                 for h in extra:
                     i = h >> OFFSET_BITS
@@ -181,7 +184,7 @@ class Introspect:
             size=t.size[s],
             checksum=t.checksum[s],
             locations=self._state.locations(s),
-            pins=max(t.pins[s], 0),
+            pins=t.pins[s] if pending is None else 0,
             last_access=t.touched[s],
             created=t.created[s],
             writer=pending.writer if pending is not None else "",

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from kvstore.errors import Code, InvalidArgument, NotFound
 
+from .checks import is_checksum, is_size
 from .keys import norm_key
-from .objects import PENDING
+from .lifecycle import PENDING
 from .pins import Pins
-from .results import DrainReport, Event, EventKind, MoveKind, NodeInfo, ReplicaChange, SegmentStats, Tier
+from .results import DrainReport, Event, EventKind, MoveKind, NodeInfo, SegmentStats, Tier
 from .segments import DRAM, OFFSET_BITS, OFFSET_MASK, SSD, TIERS, Segment, alloc_size
 from .state import CoreState
-
-_MAX_CHECKSUM = 1 << 64
 
 
 def segment_stats(seg: Segment) -> SegmentStats:
@@ -105,17 +104,21 @@ class Membership:
             key = t.key_of[s]
             assert key is not None
             keep = tuple(h for h in t.handles(s) if h >> OFFSET_BITS not in id_set)
-            if not keep or t.pins[s] == PENDING:
+            if not keep or t.phase[s] == PENDING:
                 gone.append(key)
                 gone_size += t.size[s]
                 state.drop(s, gone=by_id)
                 continue
-            move = state.moves.get(s)
             state.set_replicas(s, keep, state.footprint(keep, t.size[s]),
-                               demoting=move is not None and move.kind == MoveKind.DEMOTE)
+                               demoting=self._demoting(s))
         if gone:
             state.events.emit(Event(EventKind.NODE_LOST, gone, gone_size, node_id))
         return gone
+
+    def _demoting(self, s: int) -> bool:
+        """Whether object s's demotion is in flight (its DRAM counted as about to go)."""
+        move = self._state.moves.get(s)
+        return move is not None and move.kind == MoveKind.DEMOTE
 
     # -- adoption (a node's inventory, replayed to a new leader) ---------------------
 
@@ -125,10 +128,8 @@ class Membership:
         k = norm_key(key)
         if (
             k is None
-            or not isinstance(size, int)
-            or size <= 0
-            or not isinstance(checksum, int)
-            or not 0 <= checksum < _MAX_CHECKSUM
+            or not is_size(size)
+            or not is_checksum(checksum)
             or not isinstance(offset, int)
             or offset < 0
         ):
@@ -145,7 +146,7 @@ class Membership:
         s = t.index.get(k)
         handle = seg.handle(offset)
         if s is not None:
-            if t.pins[s] == PENDING:
+            if t.phase[s] == PENDING:
                 return Code.IN_PROGRESS
             if t.size[s] != size or t.checksum[s] != checksum:
                 return Code.INVALID_ARGUMENT
@@ -153,17 +154,16 @@ class Membership:
             for h in handles:
                 if h >> OFFSET_BITS == seg.seg_id:
                     return Code.OK if h == handle else Code.INVALID_ARGUMENT
-            if not seg.alloc.reserve(offset, size):
+            if not seg.take_at(offset, size):
                 return Code.INVALID_ARGUMENT
-            seg.replicas += 1
-            # demoting=False, as before the split: a replica adopted while the object's
-            # demotion is in flight is not counted against it.
+            # A demotion in flight frees all the object's DRAM when it ends, this replica
+            # too (finish_tier_move ends it with the object's space): count it there.
             state.set_replicas(s, (*handles, handle),
-                               t.space[s] + state.footprint((handle,), size))
+                               t.space[s] + state.footprint((handle,), size),
+                               demoting=self._demoting(s))
             return Code.OK
-        if not seg.alloc.reserve(offset, size):
+        if not seg.take_at(offset, size):
             return Code.INVALID_ARGUMENT
-        seg.replicas += 1
         s = t.new(k, size, checksum, (handle,), state.footprint((handle,), size),
                   state.clock.now())
         self._pins.adopt(s)
@@ -175,10 +175,9 @@ class Membership:
         s = t.index.get(k)
         if s is not None:
             return Code.OK if t.size[s] == size and t.checksum[s] == checksum else Code.INVALID_ARGUMENT
-        off = seg.alloc.allocate(alloc_size(SSD, size))
+        off = seg.take(alloc_size(SSD, size))
         if off < 0:
             return Code.STORE_FULL
-        seg.replicas += 1
         s = t.new(k, size, checksum, (seg.handle(off),), 0, self._state.clock.now())
         self._pins.adopt(s)
         return Code.OK
@@ -220,11 +219,10 @@ class Membership:
         dropped = dropped_bytes = pinned = pending = 0
         sole: list[tuple[bytes, int]] = []
         for s in state.slots_on(ids):
-            p = t.pins[s]
-            if p == PENDING:
+            if t.phase[s] == PENDING:
                 pending += 1
                 continue
-            if p > 0:
+            if t.pins[s] > 0:
                 pinned += 1
                 continue
             keep = tuple(h for h in t.handles(s) if h >> OFFSET_BITS not in ids)
@@ -250,14 +248,8 @@ class Membership:
         t = self._t
         size = t.size[s]
         key = t.key_of[s]
-        by_id = state.segments.by_id
-        journal = state.journal
         dropped = tuple(h for h in t.handles(s) if h not in keep)
-        if journal is not None and key is not None:
-            for h in dropped:
-                seg = by_id.get(h >> OFFSET_BITS)
-                if seg is not None:
-                    journal.append(ReplicaChange(seg.node_id, seg.tier, key, h & OFFSET_MASK,
-                                                 size, t.checksum[s], False))
+        if state.journal is not None and key is not None:
+            state.journal_replicas(s, key, False, dropped)
         state.free_replicas(dropped, size)
         state.set_replicas(s, keep, state.footprint(keep, size))

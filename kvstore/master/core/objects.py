@@ -22,9 +22,12 @@ knows the object sat at L, unchanged, all along; no other set of ranges of any o
 gets P until the 32-bit counter wraps (4 billion placements later), which is why a
 client trusts such a memory only for seconds (see the client's placement cache).
 
-States: `pins[slot] == PENDING` while the writer is still writing (not visible to
-readers); `pins[slot] >= 0` once COMPLETE, counting the leases that pin it. Slot 0 is
-never used so that 0 can serve as a sentinel (the LRU list's head).
+A slot's *phase* (GONE, PENDING, COMPLETE: lifecycle.py, which holds the whole
+lifecycle) is written here only: PENDING by new(), COMPLETE by complete(), GONE by
+free(). The pin count of a COMPLETE object (pins: leases, and a tier move's own pin)
+is written by pins.py only, which sets it to 0 when the object becomes COMPLETE; in
+another phase it means nothing. Slot 0 is never used so that 0 can serve as a
+sentinel (the LRU list's head).
 """
 
 from __future__ import annotations
@@ -33,8 +36,7 @@ from array import array
 from collections.abc import Iterable
 from itertools import count, islice, repeat
 
-PENDING = -1
-_FREE = -2
+from .lifecycle import COMPLETE, GONE, PENDING
 
 SLOT_BITS = 32
 SLOT_MASK = (1 << SLOT_BITS) - 1
@@ -67,6 +69,7 @@ class ObjectTable:
         "index",
         "key_of",
         "pending",
+        "phase",
         "pins",
         "placed",
         "placements",
@@ -84,7 +87,8 @@ class ObjectTable:
         self.checksum = array("Q", [0])
         self.where = array("Q", [0])  # handle of the first replica
         self.space = array("q", [0])  # DRAM bytes held across all replicas
-        self.pins = array("i", [_FREE])
+        self.phase = array("b", [GONE])
+        self.pins = array("i", [0])
         self.gen = array("I", [0])
         self.placed = array("I", [0])
         self.placements = 0  # the last placement stamped; 0 never names one
@@ -126,7 +130,7 @@ class ObjectTable:
             self.checksum[s] = checksum
             self.where[s] = first
             self.space[s] = space
-            self.pins[s] = PENDING
+            self.phase[s] = PENDING
             self.placed[s] = self._next_placement()
             self.created[s] = now
             self.touched[s] = now
@@ -139,7 +143,8 @@ class ObjectTable:
             self.checksum.append(checksum)
             self.where.append(first)
             self.space.append(space)
-            self.pins.append(PENDING)
+            self.phase.append(PENDING)
+            self.pins.append(0)
             self.gen.append(0)
             self.placed.append(self._next_placement())
             self.created.append(now)
@@ -200,7 +205,7 @@ class ObjectTable:
                 self.checksum[lo:hi] = array("Q", cs)
                 self.where[lo:hi] = array("Q", ws)
                 self.space[lo:hi] = array("q", sps)
-                self.pins[lo:hi] = array("i", [PENDING]) * reuse
+                self.phase[lo:hi] = array("b", [PENDING]) * reuse
                 self.placed[lo:hi] = array("I", ps)
                 stamp = array("d", [now]) * reuse
                 self.created[lo:hi] = stamp
@@ -212,7 +217,7 @@ class ObjectTable:
                 checksum = self.checksum
                 where = self.where
                 space = self.space
-                pins = self.pins
+                phase = self.phase
                 created = self.created
                 touched = self.touched
                 for i, s in enumerate(taken):
@@ -221,7 +226,7 @@ class ObjectTable:
                     checksum[s] = checksums[i]
                     where[s] = firsts[i]
                     space[s] = spaces[i]
-                    pins[s] = PENDING
+                    phase[s] = PENDING
                     p = p % _GEN_MASK + 1
                     placed[s] = p
                     created[s] = now
@@ -240,7 +245,8 @@ class ObjectTable:
             self.checksum.extend(checksums)
             self.where.extend(firsts)
             self.space.extend(spaces)
-            self.pins.extend(repeat(PENDING, m))
+            self.phase.extend(repeat(PENDING, m))
+            self.pins.extend(repeat(0, m))
             self.gen.extend(repeat(0, m))
             if p + m <= _GEN_MASK:
                 placed.extend(range(p + 1, p + m + 1))
@@ -292,11 +298,18 @@ class ObjectTable:
             if p in usage:
                 usage[p] -= self.size[s]
         self.key_of[s] = None
-        self.pins[s] = _FREE
+        self.phase[s] = GONE
         self.gen[s] = (self.gen[s] + 1) & _GEN_MASK
         self.extra.pop(s, None)
         self.pending.pop(s, None)
         self._free_slots.append(s)
+
+    def complete(self, slots: list[int]) -> None:
+        """PENDING slots become COMPLETE (Pins.commit, Pins.adopt: the callers that set
+        their pins)."""
+        phase = self.phase
+        for s in slots:
+            phase[s] = COMPLETE
 
     def handles(self, s: int) -> tuple[int, ...]:
         rest = self.extra.get(s)
@@ -318,6 +331,6 @@ class ObjectTable:
     def slot_of(self, token: int) -> int:
         """The slot a token names, or 0 when that object is gone."""
         s = token & SLOT_MASK
-        if self.gen[s] != token >> SLOT_BITS or self.pins[s] == _FREE:
+        if self.gen[s] != token >> SLOT_BITS or self.phase[s] == GONE:
             return 0
         return s

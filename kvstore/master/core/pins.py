@@ -1,8 +1,9 @@
 """Pins: the only writer of pin counts, and the glue between leases and objects.
 
-An object's pin count (ObjectTable.pins) says what may happen to it. ObjectTable sets
-the two states a slot starts and ends in (PENDING while written, free once gone); every
-change after that is made here, for one of three reasons:
+A COMPLETE object's pin count (ObjectTable.pins) says whether it may be evicted,
+moved or re-allocated; its phase (PENDING, COMPLETE) is ObjectTable's to write, and
+the moves between both are lifecycle.py's table. Every pin count is written here, for
+one of three reasons:
   * commit and adopt: a PENDING object becomes COMPLETE (or a node's object is
     recorded as COMPLETE) with no pins, at the recent end of its LRU;
   * leases: a lookup or a read pins each object once per lease position, and the
@@ -39,6 +40,7 @@ class Pins:
         pins = t.pins
         for s in done:
             pins[s] = 0
+        t.complete(done)
         # What one push per object would do: none of these was on the LRU (PENDING
         # objects never are, and they are all in DRAM).
         self._lru.push_all(done)
@@ -56,6 +58,7 @@ class Pins:
         t = self._t
         self._state.grow_lrus()
         t.pins[s] = 0
+        t.complete([s])
         self._state.lru_of(s).push(s)
         self._ledger.adopted(t.size[s])
 

@@ -17,7 +17,7 @@ def place(
 ) -> list[tuple[Segment, int]]:
     """Allocate up to `want` replicas of `size` bytes on distinct nodes.
 
-    Returns (segment, offset) for each replica placed; fewer than `want` (possibly
+    Returns (segment, offset) for each replica placed (taken: Segment.take); fewer than `want` (possibly
     none) when the other nodes have no extent large enough.
     """
     taken = set(exclude)
@@ -31,12 +31,12 @@ def place(
             ):
                 best = seg
         if best is not None:
-            placed.append((best, best.alloc.allocate(size)))
+            placed.append((best, best.take(size)))
         return placed
     for seg in sorted(candidates, key=lambda s: s.alloc.free_bytes, reverse=True):
         if seg.node_id in taken:
             continue
-        offset = seg.alloc.allocate(size)
+        offset = seg.take(size)
         if offset < 0:
             continue
         placed.append((seg, offset))

@@ -96,10 +96,6 @@ class Quarantine:
         # almost in order; a late one only waits for those queued before it.
         self._order.append(held)
 
-    @property
-    def active(self) -> bool:
-        return bool(self._by_tag)
-
     def writer_done(self, keys: Iterable[object], writer: str) -> None:
         """`writer` ended its put of each key (PutEnd, PutCommit of a placeholder, a
         settled PutRevoke: it sends them once the engine answered for its transfers),

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from kvstore.errors import Code
 
 from .keys import all_valid, hashable, norm_key, norm_keys
+from .lifecycle import COMPLETE
+from .pin_cap import PinCap
 from .pins import Pins
 from .results import (
     GetReplicasResult,
@@ -39,19 +41,21 @@ class Reads:
         self._t = state.objects
         self._pins = pins
         self._tiers = tiers
+        self.pin_cap: PinCap | None = None  # the facade sets it
 
     def exists(self, keys: Sequence[bytes]) -> list[bool]:
         """MasterCore.exists."""
         self._state.check_batch(len(keys))
         get = self._t.index.get
-        pins = self._t.pins
+        phase = self._t.phase
+        complete = COMPLETE
         out: list[bool] = []
         append = out.append
         # A bytes key needs no length check here: the index holds only usable keys. An
         # unusable key of another type normalises to None, which is not there either.
         for key in keys:
             s = get(key if type(key) is bytes else norm_key(key))  # type: ignore[arg-type]
-            append(s is not None and pins[s] >= 0)
+            append(s is not None and phase[s] == complete)
         return out
 
     def lookup(self, keys: Sequence[bytes], lease_ttl: float | None, holder: str,
@@ -62,13 +66,14 @@ class Reads:
         ttl = state.ttl(lease_ttl)
         t = self._t
         get = t.index.get
-        pins = t.pins
+        phase = t.phase
+        complete = COMPLETE
         slots: list[int] = []
         hit = slots.append
         try:
             for key in keys:
                 s = get(key)
-                if s is None or pins[s] < 0:
+                if s is None or phase[s] != complete:
                     break
                 hit(s)
         except TypeError:
@@ -82,7 +87,17 @@ class Reads:
         if not count:
             return LookupResult(0, 0, 0.0)
         now = state.clock.now()
+        cap = self.pin_cap
+        if cap is not None:
+            count = cap.allow(holder, owner, slots, now)
+            if count < len(slots):
+                c.hit_keys -= len(slots) - count  # hits are what the lookup reports
+                del slots[count:]
+                if not count:
+                    return LookupResult(0, 0, 0.0)
         lease = self._pins.grant(holder, list(keys[:count]), slots, ttl, now, owner)
+        if cap is not None:
+            cap.granted(lease.lease_id, holder, owner, slots)
         if state.tiered:
             # Hits on SSD start their way back to DRAM now, so the load finds them there.
             by_id = state.segments.by_id
@@ -127,6 +142,10 @@ class Reads:
                 results.append(read(s))
             return GetReplicasResult(lease.lease_id, lease.expires_at, results)
         batch = self.read_batch(keys)
+        # SSD objects found, whose promotions start once the batch is pinned: a promotion
+        # may demote to make room, and the demotion evict from SSD, which must not take
+        # an object this batch has found and not yet pinned.
+        promote: list[int] = []
         if batch is not None:
             results, found, slots = batch
         else:
@@ -137,22 +156,28 @@ class Reads:
                     results.append(ReadResult(Code.INVALID_ARGUMENT))
                     continue
                 slot = t.index.get(k)
-                if slot is None or t.pins[slot] < 0:
+                if slot is None or t.phase[slot] != COMPLETE:
                     results.append(ReadResult(Code.NOT_FOUND))
                     continue
                 found.append(k)
-                results.append(self.read_result(slot))
+                results.append(self.read_result(slot, promote))
             index = t.index
             slots = [index[k] for k in found] if found else []
         if not found:
             return GetReplicasResult(0, 0.0, results)
         if not pin:
             self._pins.touch(slots, now)
-            return GetReplicasResult(0, 0.0, results)
-        lease = self._pins.grant(holder, found, slots, ttl, now, owner or "")
-        return GetReplicasResult(lease.lease_id, lease.expires_at, results)
+            lease_id, expires_at = 0, 0.0
+        else:
+            lease = self._pins.grant(holder, found, slots, ttl, now, owner or "")
+            lease_id, expires_at = lease.lease_id, lease.expires_at
+        for s in promote:
+            self._tiers.queue_promotion(s)
+        return GetReplicasResult(lease_id, expires_at, results)
 
-    def read_result(self, s: int) -> ReadResult:
+    def read_result(self, s: int, promote: list[int] | None = None) -> ReadResult:
+        """Where to read object s. On SSD: IN_PROGRESS, and its promotion starts now, or
+        (`promote`) is added there for the caller to start."""
         t = self._t
         state = self._state
         size = t.size[s]
@@ -161,7 +186,10 @@ class Reads:
         if seg.tier != DRAM:
             # Not readable over the Transfer Engine from a file: bring it into DRAM
             # first; the reader asks again shortly (the object is pinned meanwhile).
-            self._tiers.queue_promotion(s)
+            if promote is None:
+                self._tiers.queue_promotion(s)
+            else:
+                promote.append(s)
             return ReadResult(Code.IN_PROGRESS, size, t.checksum[s])
         locations = [Location(seg.node_id, seg.name, seg.base_addr + (h & OFFSET_MASK), size, seg.tier)]
         if s in t.extra:
@@ -181,7 +209,8 @@ class Reads:
         t = self._t
         state = self._state
         get = t.index.get
-        pins = t.pins
+        phase = t.phase
+        complete = COMPLETE
         sizes = t.size
         checksums = t.checksum
         where = t.where
@@ -197,7 +226,7 @@ class Reads:
         slots: list[int] = []
         for k in keys:
             s = get(k)
-            if s is None or pins[s] < 0:
+            if s is None or phase[s] != complete:
                 result(ReadResult(not_found))
                 continue
             h = where[s]

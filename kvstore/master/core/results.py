@@ -191,6 +191,9 @@ class CoreStats:
     # inside a tenant's quota.
     tenants: dict[str, tuple[int, int]] = field(default_factory=dict)
     quota_evictions: int = 0
+    # Lookups cut short by the pin cap (pin_cap.py), and the keys they did not report.
+    pin_capped: int = 0
+    pin_capped_keys: int = 0
 
 
 @dataclass(slots=True)

@@ -68,7 +68,49 @@ class Segment:
         self.size = size
         self.tier = tier
         self.alloc = ExtentAllocator(size, alignment)
-        self.replicas = 0  # replicas (PENDING or COMPLETE) placed here
+        # Replicas (PENDING or COMPLETE, and tier moves' destinations) placed here:
+        # written only by the take and give verbs below, which keep it beside the
+        # allocator's books. The allocator's other ranges are the quarantine's.
+        self.replicas = 0
+
+    # -- a replica's range: taken, given back ----------------------------------------
+
+    def take(self, nbytes: int) -> int:
+        """Allocate a replica's range (best fit); its offset, or -1 when none fits."""
+        off = self.alloc.allocate(nbytes)
+        if off >= 0:
+            self.replicas += 1
+        return off
+
+    def take_at(self, offset: int, nbytes: int) -> bool:
+        """Allocate the replica range that starts at `offset` (a node's inventory, replayed);
+        False, taking nothing, when any of it is taken."""
+        if not self.alloc.reserve(offset, nbytes):
+            return False
+        self.replicas += 1
+        return True
+
+    def take_run(self, nbytes: int, n: int) -> list[int]:
+        """take(nbytes) n times over, in one allocator call (ExtentAllocator.allocate_run)."""
+        got = self.alloc.allocate_run(nbytes, n)
+        self.replicas += len(got)
+        return got
+
+    def give(self, offset: int, nbytes: int) -> None:
+        """A replica's range back to the allocator."""
+        self.alloc.free(offset, nbytes)
+        self.replicas -= 1
+
+    def give_many(self, ranges: list[tuple[int, int]]) -> None:
+        """give() for many (offset, nbytes) ranges, in one allocator call
+        (ExtentAllocator.free_many: adjacent ranges cost one free)."""
+        self.alloc.free_many(ranges)
+        self.replicas -= len(ranges)
+
+    def give_held(self) -> None:
+        """A replica's range stops being a replica but stays allocated: the quarantine
+        holds it now and frees it once its copier is done (quarantine.py)."""
+        self.replicas -= 1
 
     def same_geometry(self, name: str, base_addr: int, size: int) -> bool:
         return self.name == name and self.base_addr == base_addr and self.size == size

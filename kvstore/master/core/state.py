@@ -6,11 +6,14 @@ counters. The collaborators (writes, batch_put, reads, pins, eviction, tiers, qu
 membership, introspect) are mechanisms over it and keep nothing of their own, so a
 test or a reader finds every fact in one place.
 
-Two pieces of it have one writer each:
+Each fact has one writer:
   * the space counters (DRAM bytes pinned, PENDING and about to be freed by demotions;
     object bytes PENDING and COMPLETE) change only through SpaceLedger's verbs, which
     name the event that changes them;
-  * pin counts change only in pins.py (see there).
+  * an object's phase (PENDING, COMPLETE, gone) only in ObjectTable, pin counts only
+    in pins.py; the moves between states are lifecycle.py's table;
+  * a segment's replica count only through its take / give verbs (segments.py);
+  * the replica journal only through journal_replicas / journal_range here.
 An object leaves only through CoreState.drop, and a replica's range goes back to its
 allocator only through CoreState.free_replicas (or, if something may still be copying
 into it, through the quarantine).
@@ -29,11 +32,12 @@ from kvstore.errors import InvalidArgument
 
 from .clock import Clock
 from .config import CoreConfig
-from .eviction import LruList
 from .leases import LeaseTable
-from .objects import PENDING, ObjectTable
+from .lifecycle import GONE, PENDING
+from .lru import LruList
+from .objects import ObjectTable
 from .quarantine import Memory, Quarantine, Range, Until, memory_of, move_tag, put_tag, timeout_tag
-from .results import Event, Location, MoveKind, NodeInfo, ReplicaChange, TierMove, location
+from .results import Event, Location, MoveKind, NodeInfo, ReplicaChange, Tier, TierMove, location
 from .segments import DRAM, OFFSET_BITS, OFFSET_MASK, SSD, Segment, SegmentMap, alloc_size
 from .window import RecentCounts
 
@@ -44,7 +48,8 @@ RECENT = ("lookup_keys", "hit_keys", "evictions", "evicted_bytes", "demotions", 
 TIER_COUNTERS = ("demotions", "demoted_bytes", "demotion_failures", "promotions",
                  "promoted_bytes", "promotion_failures", "ssd_evictions", "ssd_evicted_bytes")
 
-# Ranges to free, by segment: filled by a batch, freed at its end (CoreState.free_replicas).
+# Replica ranges to give back, by segment: filled by a batch, given back at its end
+# (CoreState.free_replicas, Segment.give_many).
 Frees = dict[Segment, list[tuple[int, int]]]
 
 
@@ -138,14 +143,14 @@ class SpaceLedger:
         """A demotion finished, failed or was cancelled with its object."""
         self._demoting -= space
 
-    def dropped(self, space: int, size: int, pins: int) -> None:
-        """An object with `pins` (PENDING: -1) left the table."""
-        if pins == PENDING:
+    def dropped(self, space: int, size: int, pending: bool, pinned: bool) -> None:
+        """An object left the table: a PENDING one, or a COMPLETE one `pinned` or not."""
+        if pending:
             self._pending -= space
             self._pending_size -= size
         else:
             self._complete_size -= size
-            if pins > 0:
+            if pinned:
                 self._pinned -= space
 
 
@@ -310,22 +315,21 @@ class CoreState:
 
     def free_replicas(self, handles: Iterable[int], size: int, frees: Frees | None = None) -> None:
         """Give the ranges of the replicas at `handles` (of an object of `size` bytes)
-        back to their segments, where those are still mounted. With `frees`, the ranges
-        are added there instead, for the caller to free in bulk (ExtentAllocator.free_many)
-        before anything allocates again."""
+        back to their segments, where those are still mounted (Segment.give). With `frees`,
+        the ranges are added there instead, for the caller to give back in bulk
+        (Segment.give_many) before anything allocates again."""
         by_id = self.segments.by_id
         for h in handles:
             seg = by_id.get(h >> OFFSET_BITS)
             if seg is None:
                 continue
             if frees is None:
-                seg.alloc.free(h & OFFSET_MASK, alloc_size(seg.tier, size))
+                seg.give(h & OFFSET_MASK, alloc_size(seg.tier, size))
             else:
                 ranges = frees.get(seg)
                 if ranges is None:
                     ranges = frees[seg] = []
                 ranges.append((h & OFFSET_MASK, alloc_size(seg.tier, size)))
-            seg.replicas -= 1
 
     def hold_replicas(self, handles: Iterable[int], size: int, tag: tuple[str, bytes, str],
                       deadline: float, gone: dict[int, Segment] | None = None) -> None:
@@ -344,7 +348,7 @@ class CoreState:
                                      alloc_size(lost.tier, size)))
                 continue
             ranges.append((seg, h & OFFSET_MASK, alloc_size(seg.tier, size)))
-            seg.replicas -= 1
+            seg.give_held()
         self.quarantine.hold(tag, deadline, ranges, detached)
 
     def _hold_deadline(self) -> float:
@@ -371,15 +375,28 @@ class CoreState:
                                 seg.tier))
         return out
 
-    def journal_replicas(self, s: int, key: bytes, added: bool) -> None:
+    # -- the replica journal: appended here only -------------------------------------
+
+    def journal_replicas(self, s: int, key: bytes, added: bool,
+                         handles: Iterable[int] | None = None) -> None:
+        """Journal object s's replicas (or those at `handles`, some of its) as `added`
+        or freed, on the segments still mounted. The journal must be on."""
         t = self.objects
         by_id = self.segments.by_id
-        assert self.journal is not None
-        for h in t.handles(s):
+        size = t.size[s]
+        checksum = t.checksum[s]
+        for h in t.handles(s) if handles is None else handles:
             seg = by_id.get(h >> OFFSET_BITS)
             if seg is not None:
-                self.journal.append(ReplicaChange(seg.node_id, seg.tier, key, h & OFFSET_MASK,
-                                                  t.size[s], t.checksum[s], added))
+                self.journal_range(seg.node_id, seg.tier, key, h & OFFSET_MASK, size,
+                                   checksum, added)
+
+    def journal_range(self, node_id: str, tier: Tier, key: bytes, offset: int, size: int,
+                      checksum: int, added: bool) -> None:
+        """Journal one range of a node's inventory (the journal must be on): also one no
+        object owns any more (a demotion's file whose object went while it moved)."""
+        assert self.journal is not None
+        self.journal.append(ReplicaChange(node_id, tier, key, offset, size, checksum, added))
 
     def slots_on(self, seg_ids: set[int]) -> list[int]:
         """Live objects (PENDING or COMPLETE) with a replica in one of these segments,
@@ -387,10 +404,10 @@ class CoreState:
         calls, not for a hot path."""
         t = self.objects
         where = np.frombuffer(t.where, dtype=np.uint64).copy()
-        pins = np.frombuffer(t.pins, dtype=np.int32).copy()
+        phase = np.frombuffer(t.phase, dtype=np.int8).copy()
         hit = np.isin(where >> np.uint64(OFFSET_BITS), np.array(sorted(seg_ids), dtype=np.uint64))
         # Freed slots keep a stale `where`; only live objects count.
-        hit &= pins >= PENDING
+        hit &= phase != GONE
         found = set(np.flatnonzero(hit).tolist())
         for s, extra in t.extra.items():
             if any(h >> OFFSET_BITS in seg_ids for h in extra):
@@ -427,11 +444,12 @@ class CoreState:
         hold_replicas."""
         t = self.objects
         size = t.size[s]
-        p = t.pins[s]
+        pending = t.phase[s] == PENDING
+        p = 0 if pending else t.pins[s]
         key = t.key_of[s]
-        if self.journal is not None and p != PENDING and key is not None:
+        if self.journal is not None and not pending and key is not None:
             self.journal_replicas(s, key, False)
-        if p == PENDING and until is not Until.NOW and key is not None:
+        if pending and until is not Until.NOW and key is not None:
             pw = t.pending.get(s)
             deadline = pw.deadline if pw is not None else self._hold_deadline()
             tag = (put_tag(key, pw.writer if pw else "") if until is Until.WRITER
@@ -448,7 +466,7 @@ class CoreState:
                 self.free_replicas((move.dest,), size)
             if move.kind == MoveKind.DEMOTE:
                 self.ledger.demotion_ended(t.space[s])
-        self.ledger.dropped(t.space[s], size, p)
-        if p == 0:
+        self.ledger.dropped(t.space[s], size, pending, p > 0)
+        if not pending and p == 0:
             self.lru_of(s).unlink(s)
         t.free(s)

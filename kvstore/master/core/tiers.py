@@ -17,10 +17,11 @@ from kvstore.errors import Code
 
 from .eviction import Eviction
 from .keys import norm_key
+from .lifecycle import COMPLETE
 from .objects import SLOT_BITS
 from .pins import Pins
 from .quarantine import move_tag
-from .results import MoveKind, ReplicaChange, TierMove
+from .results import MoveKind, TierMove
 from .segments import DRAM, OFFSET_BITS, OFFSET_MASK, SSD, alloc_size
 from .state import TIER_COUNTERS, CoreState, Move
 
@@ -74,7 +75,7 @@ class Tiers:
         for key in keys:
             k = norm_key(key)
             s = t.index.get(k) if k is not None else None
-            if s is None or t.pins[s] < 0 or s in moves:
+            if s is None or t.phase[s] != COMPLETE or s in moves:
                 continue
             h = t.where[s]
             seg = by_id.get(h >> OFFSET_BITS)
@@ -84,14 +85,13 @@ class Tiers:
             if dram is None:
                 continue
             size = t.size[s]
-            off = dram.alloc.allocate(size)
+            off = dram.take(size)
             if off < 0:
                 # Make room by demoting (never by dropping: that would trade one
                 # object for another); the reader asks again and finds room then.
                 if now >= state.hold_until:
                     self.demote_for(size)
                 continue
-            dram.replicas += 1
             moves[s] = Move(PROMOTE, s | t.gen[s] << SLOT_BITS, dram.handle(off))
             self._pins.hold(s, now)
             started.append(TierMove(PROMOTE, seg.node_id, k, size, t.checksum[s], off))  # type: ignore[arg-type]
@@ -122,15 +122,14 @@ class Tiers:
             return False
         size = t.size[s]
         need = alloc_size(SSD, size)
-        off = ssd.alloc.allocate(need)
+        off = ssd.take(need)
         lru = state.ssd_lru.get(seg.node_id)
         while off < 0 and lru is not None and lru.oldest():
             self._eviction.evict(lru.oldest(), tier=SSD)
-            off = ssd.alloc.allocate(need)
+            off = ssd.take(need)
         if off < 0:
             state.counts.demotion_failures += 1
             return False
-        ssd.replicas += 1
         self._pins.hold(s)
         state.ledger.demotion_started(t.space[s])
         key = t.key_of[s]
@@ -157,8 +156,8 @@ class Tiers:
             # destination, held since the object went, is free again: the copy is over.
             state.quarantine.release(move_tag(move.key))
             if move.kind == DEMOTE and code == Code.OK and state.journal is not None:
-                state.journal.append(ReplicaChange(move.node_id, SSD, move.key, move.ssd_offset,
-                                                   move.size, move.checksum, False))
+                state.journal_range(move.node_id, SSD, move.key, move.ssd_offset, move.size,
+                                    move.checksum, False)
             return
         del state.moves[s]
         dest = state.segments.by_id.get(m.dest >> OFFSET_BITS)

@@ -14,9 +14,11 @@ from collections.abc import Callable, Sequence
 from kvstore.errors import Code, InvalidArgument
 
 from .batch_put import BatchPut
+from .checks import bad_object, is_checksum, is_size
 from .eviction import Eviction
 from .keys import bad_key_message, norm_key, norm_keys
-from .objects import PENDING, PendingWrite
+from .lifecycle import COMPLETE, PENDING
+from .objects import PendingWrite
 from .pins import Pins
 from .placement import place
 from .quarantine import Until
@@ -30,16 +32,6 @@ from .tiers import Tiers
 # stays under this share of the DRAM pool: a client's pool of placeholders must never
 # crowd out the writes themselves on a small store.
 AHEAD_SHARE = 0.25
-MAX_CHECKSUM = 1 << 64
-
-
-def _bad_object(size: int, checksum: int) -> str | None:
-    """Why put_start refuses an object of this size and checksum; None if it does not."""
-    if not isinstance(size, int) or size <= 0:
-        return f"object size must be > 0 bytes, got {size}"
-    if not isinstance(checksum, int) or not 0 <= checksum < MAX_CHECKSUM:
-        return f"checksum must be an unsigned 64-bit integer, got {checksum}"
-    return None
 
 
 def writer_may(owner: str, writer: str) -> bool:
@@ -57,7 +49,7 @@ class Writes:
         self._eviction = eviction
         self._tiers = tiers
         self._quotas = quotas
-        self.batch = BatchPut(state, self)
+        self.batch = BatchPut(state)
 
     # -- put_start ----------------------------------------------------------------
 
@@ -92,9 +84,12 @@ class Writes:
         deadline = now + config.put_timeout
         if ahead:
             return self.put_ahead(keys, sizes, checksums, want, writer, now, deadline, largest)
-        results = self.batch.put(keys, sizes, checksums, want, writer, now, deadline, largest)
-        if results is None:
+        batch = self.batch.put(keys, sizes, checksums, want, writer, now, deadline, largest)
+        if batch is None:
             results = self.put_each(keys, sizes, checksums, want, writer, now, deadline, largest)
+        else:
+            results = self.fill_batch(batch, keys, sizes, checksums, want, writer, now,
+                                      deadline, largest)
         self._eviction.to_watermark(now)
         self._eviction.flush()
         return results
@@ -113,18 +108,55 @@ class Writes:
         """put_start(ahead=True): all of the batch from free space, or none of it."""
         state = self._state
         mask = state.align_mask
-        ints = all(isinstance(z, int) and z > 0 for z in sizes)
+        ints = all(map(is_size, sizes))
         need = sum((z + mask) & ~mask for z in sizes) * want if ints else 0
         cap = state.pool_capacity
-        results = None
+        batch = None
         if ints and cap and state.ledger.pending + need <= AHEAD_SHARE * cap \
                 and state.pool_used() + need <= state.config.evict_high * cap:
             # The batch path places only what surely fits: it never evicts and never refuses.
-            results = self.batch.put(keys, sizes, checksums, want, writer, now, deadline, largest)
-        if results is None:
+            batch = self.batch.put(keys, sizes, checksums, want, writer, now, deadline, largest)
+        if batch is None:
             refused = PutStartResult(Code.STORE_FULL, [], message="no free space to start "
                                      "ahead; put the values the usual way")
             return [refused] * len(keys)
+        return self.fill_batch(batch, keys, sizes, checksums, want, writer, now, deadline,
+                               largest)
+
+    def fill_batch(
+        self,
+        batch: tuple[list[PutStartResult | None], bool],
+        keys: Sequence[bytes],
+        sizes: Sequence[int],
+        checksums: Sequence[int],
+        want: int,
+        writer: str,
+        now: float,
+        deadline: float,
+        largest: int,
+    ) -> list[PutStartResult]:
+        """The batch path's results with the positions it left (None) answered as
+        put_each would: a bad key refused, a repeat given its first occurrence's answer,
+        the rest put_one's (which, for these keys, never reaches placement)."""
+        made, whole = batch
+        if whole:
+            return made  # type: ignore[return-value]  # no None in it
+        results: list[PutStartResult] = []
+        seen: dict[bytes, PutStartResult] = {}
+        for done, key, size, checksum in zip(made, keys, sizes, checksums, strict=True):
+            k = norm_key(key)
+            if done is not None:
+                seen[k] = done  # type: ignore[index]  # placed, so a valid key
+                results.append(done)
+                continue
+            if k is None:
+                results.append(self.put_failed("invalid_argument", bad_key_message(key)))
+                continue
+            answer = seen.get(k)
+            if answer is None:
+                answer = seen[k] = self.put_one(k, size, checksum, want, writer, now,
+                                                deadline, largest)
+            results.append(answer)
         return results
 
     def put_each(
@@ -169,7 +201,7 @@ class Writes:
         deadline: float,
         largest: int,
     ) -> PutStartResult:
-        bad = _bad_object(size, checksum)
+        bad = bad_object(size, checksum)
         if bad is not None:
             return self.put_failed("invalid_argument", bad)
         state = self._state
@@ -179,7 +211,7 @@ class Writes:
             return self._put_again(s, size, checksum, writer)
         dram = state.dram
         if not dram:
-            return self.put_failed("no_segment", self._no_segment_message(), Code.STORE_FULL)
+            return self.put_failed("no_segment", *self._no_segment())
         if t.usage is not None:
             refused = self._quotas.room(key, size, now)
             if refused is not None:
@@ -205,7 +237,6 @@ class Writes:
             return self.put_failed("store_full", self._full_message(now), Code.STORE_FULL)
         handles = []
         for seg, offset in placed:
-            seg.replicas += 1
             handles.append(seg.handle(offset))
         space = asize * len(placed)
         s = t.new(key, size, checksum, handles, space, now)
@@ -223,7 +254,7 @@ class Writes:
         """put_start of a key already in slot s: stored, the same writer retrying a
         put_start whose reply it lost, or another write in progress."""
         t = self._t
-        if t.pins[s] >= 0:
+        if t.phase[s] == COMPLETE:
             return PutStartResult(Code.ALREADY_EXISTS, [])
         owner = t.pending[s].writer
         if writer and owner == writer and t.size[s] == size and t.checksum[s] == checksum:
@@ -247,15 +278,18 @@ class Writes:
                     "master failover")
         return msg
 
-    def _no_segment_message(self) -> str:
+    def _no_segment(self) -> tuple[str, Code]:
         state = self._state
         if state.unresponsive and state.segments.tier(DRAM):
             return ("no store node with a DRAM segment answers the master (each missed its "
                     "last record: down or unreachable); retry once one is back, or add a node")
         if state.draining and state.segments.tier(DRAM):
             return ("every store node with a DRAM segment is draining; undrain one "
-                    "(kvstore drain NODE --cancel) or add a node")
-        return "no store node has mounted a DRAM segment"
+                    "(kvstore drain NODE --cancel) or add a node", Code.STORE_FULL)
+        # Not full: nothing is there yet (a cluster starting, every node restarting).
+        # Retryable, unlike StoreFull.
+        return ("no store node has mounted a DRAM segment yet; retry once one has "
+                "(kvstore status lists the mounted nodes)", Code.UNAVAILABLE)
 
     # -- commit -------------------------------------------------------------------
 
@@ -267,7 +301,7 @@ class Writes:
         t = self._t
         now = state.clock.now()
         index = t.index
-        pins = t.pins
+        phase = t.phase
         pending = t.pending
         touched = t.touched
         ok, not_found, exists, in_progress = (Code.OK, Code.NOT_FOUND, Code.ALREADY_EXISTS,
@@ -286,7 +320,7 @@ class Writes:
                 s = index.get(k)
                 if s is None:
                     code = not_found
-                elif pins[s] != PENDING:
+                elif phase[s] != PENDING:
                     code = exists
                 elif writer and not writer_may(pending[s].writer, writer):
                     code = in_progress
@@ -333,7 +367,7 @@ class Writes:
             if not writer or pw.writer != writer:
                 out.append(Code.IN_PROGRESS)
                 continue
-            if size_of[s] != size or type(checksum) is not int or not 0 <= checksum < MAX_CHECKSUM:
+            if size_of[s] != size or not is_checksum(checksum):
                 out.append(Code.INVALID_ARGUMENT)
                 continue
             other = index.get(k)
@@ -363,7 +397,7 @@ class Writes:
         until = Until.TIMEOUT if unsettled else Until.NOW
 
         def revoke(_key: bytes, s: int) -> Code:
-            if t.pins[s] != PENDING:
+            if t.phase[s] != PENDING:
                 return Code.ALREADY_EXISTS
             if not writer_may(t.pending[s].writer, writer):
                 return Code.IN_PROGRESS
@@ -379,7 +413,7 @@ class Writes:
         """MasterCore.remove."""
         state = self._state
         t = self._t
-        pins, size_of = t.pins, t.size
+        phase, pins, size_of = t.phase, t.pins, t.size
         removed: list[bytes] = []
         removed_size = 0
         # The batch's ranges, freed together at the end: a batch written together sits
@@ -388,7 +422,7 @@ class Writes:
 
         def take(key: bytes, s: int) -> Code:
             nonlocal removed_size
-            if pins[s] != 0 and not force:
+            if (phase[s] == PENDING or pins[s]) and not force:
                 return Code.IN_PROGRESS
             removed.append(key)
             removed_size += size_of[s]
@@ -399,7 +433,7 @@ class Writes:
             out = self._per_key(keys, take)
         finally:
             for seg, ranges in frees.items():
-                seg.alloc.free_many(ranges)
+                seg.give_many(ranges)
         if removed:
             state.events.emit(Event(EventKind.REMOVED, removed, removed_size))
         return out

@@ -1,0 +1,148 @@
+"""The pure parts of the first-hour fixes: progress lines printed once, credentials that
+name a missing file, the SIGTERM flush of DRAM objects to the SSD tier, and the docs'
+word on lease TTLs agreeing with the master."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from kvstore.admin.output import ProgressBar
+from kvstore.checksum import checksum
+from kvstore.errors import InvalidArgument
+from kvstore.security.credentials import Credentials
+from kvstore.store.inventory import Held
+from kvstore.store.shutdown import flush_to_ssd
+from kvstore.store.ssd import SsdTier
+from tests.unit.test_core_objects import make, put
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# ------------------------------------------------------------------ progress
+
+
+def test_a_bar_that_did_not_move_prints_its_line_once() -> None:
+    """`kvstore drain` that moved nothing, or `evict` held: the first line was printed
+    again by finish()."""
+    out = io.StringIO()
+    p = ProgressBar("draining node-0", 0, stream=out)
+    for _ in range(3):
+        p.update(0, "0 dropped, 0 moved, 0 gone, 32 left", total=32)
+    p.finish()
+    assert out.getvalue().splitlines() == [
+        "draining node-0 [..............................]   0%  0/32  0 dropped, 0 moved, 0 gone, 32 left"]
+
+
+def test_a_bar_done_in_one_step_prints_one_line() -> None:
+    out = io.StringIO()
+    p = ProgressBar("evicting", 100, stream=out)
+    p.update(0)
+    p.update(100)
+    p.finish()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == len(set(lines)) == 2 and lines[-1].endswith("100/100")
+
+
+# ------------------------------------------------------------------ credentials
+
+
+@pytest.fixture
+def creds_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "credentials.json"
+    monkeypatch.setenv("KVSTORE_CREDENTIALS", str(path))
+    for name in ("KVSTORE_TOKEN", "KVSTORE_TLS_CA", "KVSTORE_ADMIN_TOKEN", "KVSTORE_TLS_CERT",
+                 "KVSTORE_TLS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    return path
+
+
+def test_a_missing_ca_file_names_the_file_and_the_entry(creds_file: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    entry = "127.0.0.1:2379/default"
+    creds_file.write_text(json.dumps({entry: {"token": "t", "tls_ca": ".kvstore/secrets/ca.pem"}}))
+    creds = Credentials.resolve(cluster=entry)  # resolving reads no file...
+    with pytest.raises(InvalidArgument) as err:
+        creds.tls  # noqa: B018 - ...the first connection does
+    msg = err.value.message
+    assert ".kvstore/secrets/ca.pem" in msg and repr(entry) in msg and str(creds_file) in msg
+    assert "relative" in msg  # what an older `kvstore up` wrote, and what to do
+    monkeypatch.setenv("KVSTORE_TLS_CA", str(creds_file.parent / "no-such-ca.pem"))
+    with pytest.raises(InvalidArgument, match=r"no-such-ca.pem named by \$KVSTORE_TLS_CA"):
+        Credentials.resolve(cluster=entry).grpc_channel("127.0.0.1:1", True, [])
+
+
+def test_a_ca_file_that_is_there_resolves(creds_file: Path, tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not checked here")
+    entry = "127.0.0.1:2379/default"
+    creds_file.write_text(json.dumps({entry: {"token": "t", "tls_ca": str(ca)}}))
+    got = Credentials.resolve(cluster=entry)
+    assert got.tls_ca == str(ca) and got.tls_ca_from == "file" and got.token == "t"
+    assert got.tls.ca == str(ca)
+
+
+# ------------------------------------------------------------------ SIGTERM flush
+
+
+def _segment(objects: dict[bytes, bytes]) -> tuple[memoryview, list[tuple[bytes, Held]]]:
+    buf = bytearray(1 << 20)
+    held = []
+    offset = 0
+    for key, data in objects.items():
+        buf[offset:offset + len(data)] = data
+        held.append((key, Held(offset, len(data), checksum(data))))
+        offset += (len(data) + 4095) // 4096 * 4096
+    return memoryview(buf), held
+
+
+def test_flush_writes_dram_objects_that_a_reopened_tier_reads(tmp_path: Path) -> None:
+    objects = {f"dev/k{i}".encode(): bytes([i]) * (1000 + i) for i in range(20)}
+    view, held = _segment(objects)
+    held.append((b"dev/stale", Held(0, 500, 12345)))  # a stale entry: other bytes now
+    with SsdTier(tmp_path / "ssd", 64 << 20) as ssd:
+        ssd.open()
+        ssd.put(b"dev/k0", objects[b"dev/k0"], checksum(objects[b"dev/k0"]))  # demoted before
+        report = flush_to_ssd(held, view, ssd, budget=60.0)
+    assert (report.written, report.already, report.corrupt, report.left) == (19, 1, 1, 0)
+    with SsdTier(tmp_path / "ssd", 64 << 20) as again:
+        again.open()
+        assert {k: again.read(k) for k in objects} == objects
+        assert not again.contains(b"dev/stale")
+
+
+def test_flush_stops_at_its_deadline_and_when_the_tier_is_full(tmp_path: Path) -> None:
+    objects = {f"k{i}".encode(): b"x" * 8000 for i in range(10)}
+    view, held = _segment(objects)
+    ticks = iter(range(100))
+    with SsdTier(tmp_path / "a", 64 << 20) as ssd:
+        ssd.open()
+        # the clock: 0 at the start, then one second per look: 3 objects fit in 3.5 s
+        report = flush_to_ssd(held, view, ssd, budget=3.5, clock=lambda: float(next(ticks)))
+        assert (report.written, report.left, report.why_left) == (3, 7, "deadline")
+        assert len(ssd) == 3
+    with SsdTier(tmp_path / "b", 5 * 12288) as small:
+        small.open()
+        report = flush_to_ssd(held, view, small, budget=60.0)
+        assert report.why_left == "full" and 0 < report.written < 10
+        assert small.stats().evictions == 0  # it never evicts to make room
+
+
+# ------------------------------------------------------------------ lease TTLs
+
+
+def test_docs_and_master_agree_on_a_ttl_above_the_cap() -> None:
+    """`lookup(ttl=1000)` is refused, naming the limit: the docs say so (they said
+    "capped"). A lease shorter than asked would expire under a reader that planned for
+    the time it asked for, far from the cause; the refusal says it at once."""
+    core, _ = make(max_lease_ttl=60.0)
+    put(core, [b"a"])
+    with pytest.raises(InvalidArgument, match=r"<= 60.0 s, got 1000"):
+        core.lookup([b"a"], lease_ttl=1000)
+    ops = (ROOT / "docs" / "operations.md").read_text()
+    assert not re.search(r"capped by `--max-lease-ttl`", ops)
+    assert "refused" in ops[ops.index("--max-lease-ttl"):][:400]

@@ -1,0 +1,165 @@
+"""GetReplicas in columns (kvstore/rpc/columns.py): what the master writes, the client
+reads back field for field; an old client (no `columns` in its request) still gets
+`items`; a reply that does not add up, or of a version the client does not know, is
+refused with a typed error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvstore.errors import Code, Internal
+from kvstore.master.core import CoreConfig, ManualClock, MasterCore
+from kvstore.master.metrics import MasterMetrics
+from kvstore.master.service import MasterService
+from kvstore.rpc import columns
+from kvstore.rpc.columns import Location, MalformedReply, ReadItem, decode, fill, read_items
+from kvstore.rpc.framing import MAX_FRAME
+from kvstore.v1 import master_pb2 as pb
+
+
+class Leader:
+    is_leader = True
+    epoch = 3
+    leader_address = "127.0.0.1:1"
+    leader_for = 1.0
+
+
+def _loc(node: str, seg: str, addr: int, size: int, tier: str = "dram") -> Location:
+    return Location(node, seg, addr, size, tier)
+
+
+def _fields(item: Any) -> tuple[Any, ...]:
+    return (int(item.code), item.size, item.checksum, item.placement,
+            [(loc.node_id, loc.segment, loc.addr, loc.size, loc.tier) for loc in item.locations])
+
+
+def _round_trip(results: list[ReadItem]) -> list[ReadItem]:
+    reply = pb.GetReplicasResponse(lease_id=9)
+    fill(reply.columns, results)
+    return read_items(pb.GetReplicasResponse.FromString(reply.SerializeToString()))
+
+
+def test_every_field_survives_the_round_trip() -> None:
+    results = [
+        ReadItem(Code.OK, 4096, 2**64 - 1, 2**63 + 5,
+                 [_loc("n0", "seg0", 2**47 + 64, 4096), _loc("n1", "ssd-1", 0, 4096, "ssd")]),
+        ReadItem(Code.NOT_FOUND, 0, 0, 0, []),
+        ReadItem(Code.IN_PROGRESS, 7, 11, 0, [_loc("n1", "ssd-1", 4096, 7, "ssd")]),
+        ReadItem(Code.OK, 1, 1, 1, [_loc("n0", "seg0", 128, 1)]),
+    ]
+    back = _round_trip(results)
+    assert [_fields(b) for b in back] == [_fields(r) for r in results]
+    # the (node, segment, tier) of repeated locations travel once
+    reply = pb.GetReplicasResponse()
+    fill(reply.columns, results)
+    assert len(reply.columns.ranges) == 2
+    assert list(reply.columns.location_ranges) == [0, 1, 1, 0]
+
+
+def test_an_empty_batch_is_empty_columns_not_missing_ones() -> None:
+    reply = pb.GetReplicasResponse()
+    fill(reply.columns, [])
+    wire = pb.GetReplicasResponse.FromString(reply.SerializeToString())
+    assert wire.HasField("columns") and read_items(wire) == []
+
+
+def test_a_batch_at_the_key_limit_fits_a_frame() -> None:
+    n = CoreConfig().max_batch
+    results = [ReadItem(Code.OK, 1 << 20, 2**64 - 1 - i, 2**64 - 1 - i,
+                        [_loc("node-0", "segment-0", 2**48 + i * (1 << 20), 1 << 20)])
+               for i in range(n)]
+    reply = pb.GetReplicasResponse()
+    fill(reply.columns, results)
+    wire = reply.SerializeToString()
+    assert len(wire) < MAX_FRAME
+    back = read_items(pb.GetReplicasResponse.FromString(wire))
+    assert len(back) == n
+    assert _fields(back[0]) == _fields(results[0]) and _fields(back[-1]) == _fields(results[-1])
+
+
+def _columns_with(**changes: Any) -> Any:
+    reply = pb.GetReplicasResponse()
+    fill(reply.columns, [ReadItem(Code.OK, 10, 1, 2, [_loc("n0", "s0", 64, 10)]),
+                         ReadItem(Code.OK, 20, 3, 4, [_loc("n0", "s0", 128, 20)])])
+    cols = reply.columns
+    for name, value in changes.items():
+        if isinstance(value, list):
+            del getattr(cols, name)[:]
+            getattr(cols, name).extend(value)
+        else:
+            setattr(cols, name, value)
+    return reply
+
+
+@pytest.mark.parametrize("changes, says", [
+    ({"version": 2}, "version 2"),
+    ({"version": 0}, "version 0"),
+    ({"sizes": [10]}, "number of keys"),
+    ({"placements": [2, 4, 6]}, "number of keys"),
+    ({"location_counts": [1, 2]}, "count 3 locations"),
+    ({"location_addrs": [64]}, "count 2 locations"),
+    ({"location_ranges": [0, 5]}, "names range 5 of 1"),
+])
+def test_a_malformed_reply_is_refused_with_a_typed_error(changes: dict[str, Any],
+                                                         says: str) -> None:
+    reply = pb.GetReplicasResponse.FromString(_columns_with(**changes).SerializeToString())
+    with pytest.raises(MalformedReply, match=says) as err:
+        read_items(reply)
+    assert isinstance(err.value, Internal) and err.value.code == Code.INTERNAL
+
+
+def test_items_and_columns_together_are_refused() -> None:
+    reply = _columns_with()
+    reply.items.add(code=0, size=1)
+    with pytest.raises(MalformedReply, match="both"):
+        read_items(reply)
+
+
+def test_a_reply_without_columns_is_read_as_items() -> None:
+    """A master that predates columns ignores the flag: its items are read as they are."""
+    reply = pb.GetReplicasResponse()
+    item = reply.items.add(code=0, size=5, checksum=6, placement=7)
+    item.locations.add(node_id="n0", segment="s0", addr=64, size=5, tier="dram")
+    (back,) = read_items(pb.GetReplicasResponse.FromString(reply.SerializeToString()))
+    assert _fields(back) == (0, 5, 6, 7, [("n0", "s0", 64, 5, "dram")])
+
+
+def _service() -> MasterService:
+    core = MasterCore(CoreConfig(), ManualClock())
+    core.mount_segment("n0", "seg0", 1 << 32, 1 << 20)
+    core.mount_segment("n1", "seg1", 1 << 33, 1 << 20)
+    service = MasterService(core, Leader(), MasterMetrics())
+    keys = [b"a", b"b", b"c"]
+    service.handle("PutStart", pb.PutStartRequest(keys=keys, sizes=[10, 20, 30],
+                                                   checksums=[1, 2, 3], replicas=2))
+    service.handle("PutEnd", pb.KeysRequest(keys=keys))
+    return service
+
+
+@pytest.mark.parametrize("unpinned", [False, True])
+def test_the_master_answers_columns_only_when_asked_and_both_say_the_same(
+        unpinned: bool) -> None:
+    service = _service()
+    keys = [b"a", b"missing", b"b", b"c"]
+    old = service.handle("GetReplicas", pb.GetReplicasRequest(
+        keys=keys, holder="h", unpinned=unpinned))
+    new = service.handle("GetReplicas", pb.GetReplicasRequest(
+        keys=keys, holder="h", unpinned=unpinned, columns=True))
+    assert not old.error.code and not new.error.code
+    assert not old.HasField("columns") and len(old.items) == len(keys)
+    assert new.HasField("columns") and len(new.items) == 0
+    assert (new.lease_id == 0) == unpinned and new.epoch == old.epoch == 3
+    new = pb.GetReplicasResponse.FromString(new.SerializeToString())
+    got, want = read_items(new), list(old.items)
+    assert [_fields(g) for g in got] == [_fields(w) for w in want]
+    assert [int(g.code) for g in got] == [Code.OK, Code.NOT_FOUND, Code.OK, Code.OK]
+    assert all(len(g.locations) == 2 for g in got if g.code == Code.OK)
+
+
+def test_the_version_is_the_one_the_reader_knows() -> None:
+    reply = pb.GetReplicasResponse()
+    fill(reply.columns, [])
+    assert reply.columns.version == columns.VERSION
+    assert decode(reply.columns) == []
