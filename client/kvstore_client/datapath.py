@@ -85,6 +85,7 @@ class DataPath:
                                          else clock.now)
         self._local_known: dict[Target, bool] = {}  # target -> reachable by memcpy
         self._answered: dict[Target, float] = {}  # engine target -> when it last moved bytes
+        self._gone: set[Target] = set()  # same-host targets whose node's process is gone
 
     # -- moving bytes ---------------------------------------------------------------------
 
@@ -119,6 +120,13 @@ class DataPath:
     def saw_answer(self, target: Target) -> None:
         """The target just moved bytes for this client (see `answering`)."""
         self._answered[target] = self.now()
+
+    def down(self, target: Target) -> bool:
+        """Whether a target that just failed looks down, not briefly failing: a same-host
+        node whose process is gone, or one the engine no longer counts as answering
+        (a failure clears that until a probe or a transfer lands). A put retries what
+        failed there once, elsewhere (puts._put_plain)."""
+        return target in self._gone or not self.transfer.ready(target[0])
 
     def saw_failure(self, target: Target) -> None:
         """A transfer to the target failed: no early reads go there until one lands."""
@@ -204,6 +212,7 @@ class DataPath:
                     "restarted); put again: the master places it elsewhere")
                 self.local.forget(*target)
                 self._local_known.pop(target, None)
+                self._gone.add(target)
                 continue
             for x in items:
                 if write:

@@ -108,7 +108,7 @@ class StoreNodeService(spbg.StoreNodeServicer):
                 continue
             view = self.segment.view[held.offset:end]
             try:
-                if checksum(view) == held.checksum:
+                if matches(view, held.checksum):
                     out.append((key, held))
             finally:
                 view.release()
