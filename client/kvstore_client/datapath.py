@@ -60,7 +60,7 @@ class Ticket:
         self.write = write
         self.deadline = 0.0
         self.pending: list[tuple[int, Target, list[Xfer], int]] = []
-        self.local: list[tuple[LocalSegment, list[Xfer]]] = []
+        self.local: list[tuple[Target, LocalSegment, list[Xfer]]] = []
         self.small: list[tuple[Target, list[Xfer]]] = []
         self.failed: dict[Target, KVStoreError] = {}
         self.total = 0
@@ -85,6 +85,7 @@ class DataPath:
                                          else clock.now)
         self._local_known: dict[Target, bool] = {}  # target -> reachable by memcpy
         self._answered: dict[Target, float] = {}  # engine target -> when it last moved bytes
+        self._gone: set[Target] = set()  # same-host targets whose node's process is gone
 
     # -- moving bytes ---------------------------------------------------------------------
 
@@ -119,6 +120,13 @@ class DataPath:
     def saw_answer(self, target: Target) -> None:
         """The target just moved bytes for this client (see `answering`)."""
         self._answered[target] = self.now()
+
+    def down(self, target: Target) -> bool:
+        """Whether a target that just failed looks down, not briefly failing: a same-host
+        node whose process is gone, or one the engine no longer counts as answering
+        (a failure clears that until a probe or a transfer lands). A put retries what
+        failed there once, elsewhere (puts._put_plain)."""
+        return target in self._gone or not self.transfer.ready(target[0])
 
     def saw_failure(self, target: Target) -> None:
         """A transfer to the target failed: no early reads go there until one lands."""
@@ -155,7 +163,7 @@ class DataPath:
                     and not (DEVICE_MEMORY and any(DEVICE_MEMORY.covers(x.local, x.size)
                                                    for x in items)):  # a CPU copy
                 self._local_known[target] = True
-                t.local.append((local, items))
+                t.local.append((target, local, items))
             else:
                 self._local_known[target] = False
                 remote.append((target, items))
@@ -195,7 +203,17 @@ class DataPath:
 
     def _finish(self, t: Ticket, sleep: Callable[[float], None]) -> None:  # noqa: C901 (one poll loop over every piece state; split, the states scatter)
         write, failed = t.write, t.failed
-        for local, items in t.local:
+        for target, local, items in t.local:
+            if write and not local.alive():
+                # Nothing copied: a killed node's segment stays mapped here, and the put
+                # would wait for a record that never comes. Not Unsettled: no byte moved.
+                failed[target] = Unavailable(
+                    f"store node {target[1]} on this host is not running (killed or "
+                    "restarted); put again: the master places it elsewhere")
+                self.local.forget(*target)
+                self._local_known.pop(target, None)
+                self._gone.add(target)
+                continue
             for x in items:
                 if write:
                     local.write(x.remote, x.local, x.size)

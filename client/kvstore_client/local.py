@@ -27,6 +27,21 @@ class LocalSegment:
     size: int
     local_addr: int  # the same pages, mapped here
     _map: mmap.mmap
+    path: str = ""  # the node's memfd under /proc: gone once the node's process is
+    inode: int = 0
+
+    def alive(self) -> bool:
+        """Whether the node's process still lives. The mapping outlives it (this client
+        holds the pages), so a copy into a killed node's segment would "succeed" and the
+        put then wait for a node that will never record it. One stat of the node's memfd
+        under /proc: gone with the process (a zombie has no fds), never reused by another
+        process's (another pid, or another inode)."""
+        if not self.path:
+            return True
+        try:
+            return os.stat(self.path).st_ino == self.inode
+        except OSError:
+            return False
 
     def write(self, remote_addr: int, local_addr: int, n: int) -> None:
         ctypes.memmove(self.local_addr + (remote_addr - self.base_addr), local_addr, n)
@@ -100,7 +115,8 @@ class LocalSegments:
         finally:
             os.close(fd)
         addr = ctypes.addressof(ctypes.c_char.from_buffer(seg))
-        return LocalSegment(node.node_id, node.base_addr, node.size, addr, seg)
+        return LocalSegment(node.node_id, node.base_addr, node.size, addr, seg, node.shm_path,
+                            node.shm_inode)
 
     def close(self) -> None:
         for m in self._maps.values():

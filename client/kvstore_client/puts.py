@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvstore.checksum import checksum
-from kvstore.errors import Code, InvalidArgument, KVStoreError, Unsettled, error_for
+from kvstore.errors import Code, InvalidArgument, KVStoreError, Unavailable, Unsettled, error_for
 from kvstore.v1 import master_pb2 as pb
 from kvstore_client.buffers import Dest, byte_view, checked_keys
 from kvstore_client.datapath import Plan, Target, Ticket, Xfer
@@ -182,12 +182,35 @@ def _put_reserved(st: ClientState, keys: list[bytes], srcs: list[Dest],
 
 def _put_plain(st: ClientState, keys: list[bytes], srcs: list[Dest],
                fill: Callable[[int, int], None] | None = None) -> Flow[list[KVStoreError | None]]:
+    """The plain way (`_put_once`), and once more for the objects whose transfer failed:
+    a node killed or cut off fails its transfers (an engine write fails on its own, a
+    same-host copy checks that the node's process lives), and the master has stopped
+    placing there by then (its intent to that node failed: MasterCore.set_unresponsive),
+    so the second try goes elsewhere and the caller sees OK while any node has room."""
+    failed: dict[Target, KVStoreError] = {}
+    results = yield from _put_once(st, keys, srcs, fill, failed)
+    # Only where a node looks down: a node that failed one transfer and still answers
+    # keeps the failure's answer (the caller decides, as before).
+    again = ([i for i, r in enumerate(results) if isinstance(r, Unavailable)]
+             if any(st.down(t) for t in failed) else [])
+    if again:
+        st.stats.put_retries += len(again)
+        redo = yield from _put_once(st, [keys[i] for i in again], [srcs[i] for i in again])
+        for i, res in zip(again, redo, strict=True):
+            results[i] = res
+    return results
+
+
+def _put_once(st: ClientState, keys: list[bytes], srcs: list[Dest],
+              fill: Callable[[int, int], None] | None = None,
+              dead: dict[Target, KVStoreError] | None = None) -> Flow[list[KVStoreError | None]]:
     """PutStart, transfer, PutEnd; a large batch in pipelined groups (see datapath.groups): at most
     two groups are in flight, the next one's PutStart and the previous one's PutEnd run
     while a group moves."""
     results: list[KVStoreError | None] = [None] * len(keys)
     inflight: list[tuple[_Started, Ticket | None]] = []
-    dead: dict[Target, KVStoreError] = {}  # nodes that failed a group: later groups skip them
+    if dead is None:
+        dead = {}  # nodes that failed a group: later groups skip them
     try:
         for lo, hi in st.pipelined([d.view.nbytes for d in srcs]):
             if fill is not None:

@@ -19,4 +19,5 @@ class ClientStats:
     one_call_puts: int = 0  # objects put into space started ahead (one control call)
     ssd_waits: int = 0  # objects a read waited for while they came back from SSD
     failovers: int = 0
+    put_retries: int = 0  # objects put again after a failed transfer (a node down)
     errors: dict[str, int] = field(default_factory=dict)

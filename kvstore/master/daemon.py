@@ -23,7 +23,7 @@ from kvstore.coord.etcd import ETCD_ERRORS, Etcd
 from kvstore.coord.layout import Layout, MasterRecord, NodeRecord
 from kvstore.errors import Code, InvalidArgument, KVStoreError
 from kvstore.master.coordination import add_coordination
-from kvstore.master.core import CoreConfig, MasterCore, MonotonicClock, TierMove
+from kvstore.master.core import CoreConfig, EventKind, MasterCore, MonotonicClock, TierMove
 from kvstore.master.durability import Recorder, queue_changes
 from kvstore.master.election import RETRY_PAUSE, Election
 from kvstore.master.live_config import LiveConfig
@@ -78,9 +78,10 @@ class MasterDaemon:
         self.election = Election(self.etcd, self.layout, self.record, ttl=opts.etcd_lease_ttl)
         self.auth = Authenticator(self.security.access)
         self.service = MasterService(self.core, self.election, self.metrics, self.auth)
-        self.links = NodeLinks(lambda: self.election.epoch, self.security)
+        self.links = NodeLinks(lambda: self.election.epoch, self.security,
+                               lambda node, answers: self.core.set_unresponsive(node, not answers))
         self.recorder = Recorder(lambda: self.core.take_replica_changes(), self.links,
-                                 opts.ack_timeout)
+                                 opts.ack_timeout, self._dram_base)
         self.service.recorder = self.recorder.record
         self._fast: FastServer | None = None
         self.live_config = LiveConfig(self.etcd, self.layout)
@@ -164,6 +165,11 @@ class MasterDaemon:
         log.info("master stopped (exit 0)")
         return 0
 
+    def _dram_base(self, node_id: str) -> int | None:
+        """A mounted node's DRAM segment base address (intents name offsets in it)."""
+        node = self._records.get(node_id)
+        return node.base_addr if node is not None and node.tier == "dram" else None
+
     async def _end_term(self) -> None:
         """Stop what this master ran as leader (membership, ticks, moves)."""
         tasks, self._tasks = self._tasks, []
@@ -178,6 +184,7 @@ class MasterDaemon:
         state (a new term rebuilds it from the store nodes) and campaign again."""
         await self._end_term()
         await self.links.close()
+        self.recorder.reset()
         self._records.clear()
         self.core = self.service.core = MasterCore(self.opts.core or CoreConfig(),
                                                    MonotonicClock())
@@ -197,6 +204,7 @@ class MasterDaemon:
         config, config_revision = await self.live_config.load(config)
         self.core = self.service.core = MasterCore(config, MonotonicClock())
         self.core.journal = []
+        self.recorder.reset()
         if self.security.access is not None:
             self.core.set_quotas(self.security.access.quotas())
         await self.live_config.restore_draining(self.core)
@@ -259,7 +267,7 @@ class MasterDaemon:
             prev = self._records.get(node.node_id)
             if prev is not None and (prev.pid, prev.segment) != (node.pid, node.segment):
                 # The node restarted: it holds only what its inventory will say now.
-                self.core.unmount_node(node.node_id)
+                self.recorder.forget(self.core.unmount_node(node.node_id))
             self.core.mount_segment(node.node_id, node.segment, node.base_addr, node.size,
                                     node.tier)
             if node.ssd_capacity:
@@ -342,6 +350,7 @@ class MasterDaemon:
         node_id = key[len(self.layout.nodes):].decode(errors="replace")
         gone = self.core.unmount_node(node_id)
         self.links.drop_node(node_id)
+        self.recorder.forget(gone)  # PENDING ones: their intents on other nodes go
         self._records.pop(node_id, None)
         log.warning("node %s is gone (etcd lease ended); %d objects went with it",
                     node_id, len(gone))
@@ -398,7 +407,9 @@ class MasterDaemon:
             await asyncio.sleep(self.opts.tick_interval)
             try:
                 self.core.tick()
-                self.core.take_events()
+                for event in self.core.take_events():
+                    if event.kind is EventKind.RECLAIMED:
+                        self.recorder.forget(event.keys)
                 self._moves_wanted.set()  # eviction in tick() may have queued demotions
                 # Frees from the tick's evictions; each node's sender delivers them in
                 # the background, so a slow node never delays the tick.

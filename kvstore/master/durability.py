@@ -1,33 +1,58 @@
-"""Acknowledged means recorded outside the leader.
+"""Acknowledged means recorded outside the leader, with no round trip added in sequence.
 
 A new leader rebuilds its index from the store nodes' inventories, so a commit (or a
-removal) the leader has only in memory dies with it. The handlers of the calls that
-change what a node holds (PutEnd, PutCommit, Remove) therefore hand their reply to
-`Recorder.record` before it leaves: the journal entries of that call are queued on the
-node links at once, and the reply waits until every node that holds one of the call's
-new replicas has applied them. docs/durability.md says why this is enough.
+removal) the leader has only in memory dies with it. docs/durability.md (section 1) says
+why the following is enough:
+
+- PutStart: the leader sends each node it placed a replica on an *intent* (key, offset,
+  size, checksum; `Replica.pending`), queued right after the call and sent at once, in
+  parallel with the reply. The node holds it as "committed if its bytes verify".
+- PutEnd: the reply waits until each node has applied the key's intent, which has had
+  the whole transfer to arrive (normally it has: nothing to wait for). The commit delta
+  is queued and sent, not waited for: the intent plus the bytes the client wrote before
+  its PutEnd already tell a new leader the object is there.
+- PutCommit (space started ahead, whose checksum the leader learns only now), a commit
+  with no intent of this term, Remove: the reply waits until the nodes applied the
+  call's own deltas (one leader-to-node round trip, as before).
+- A PENDING object that goes (revoked, reclaimed, its other node lost, removed): the
+  intents of its attempt are dropped, in the same per-node order, before its ranges can
+  be placed again; a Remove also waits for the drop of any intent of the key still in
+  flight, so no intent outlives a removal.
 
 Handlers run one at a time on the event loop and take the core's journal right after
 their core call, so the entries a call takes are its own (plus, at most, replicas an
 eviction inside the same call freed: waiting for those too costs nothing extra, they
-go in the same Apply).
+go in the same Apply). The journal's entries are queued before the call's intents: a
+range an eviction freed reaches the node as freed before the intent placed over it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kvstore.errors import Code
-from kvstore.master.core import ReplicaChange
+from kvstore.master.core import Location, ReplicaChange
 from kvstore.master.nodes import Applied, NodeLinks
 from kvstore.v1 import store_pb2 as spb
 
 # Calls whose OK promises a change a new leader must find (PutStart: only where it
 # found the key already stored, see `record`).
 RECORDED_CALLS = frozenset({"PutStart", "PutEnd", "PutCommit", "Remove"})
+
+Mark = tuple[Any, int]  # NodeLinks.mark: (the link, a place in its queue)
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """A put PutStart placed: its key (as the core stores it), checksum and replicas."""
+
+    key: bytes
+    checksum: int
+    locations: Sequence[Location]
 
 
 def queue_changes(links: NodeLinks, changes: list[ReplicaChange]) -> None:
@@ -38,26 +63,45 @@ def queue_changes(links: NodeLinks, changes: list[ReplicaChange]) -> None:
 
 class Recorder:
     def __init__(self, take_changes: Callable[[], list[ReplicaChange]], links: NodeLinks,
-                 timeout: float) -> None:
+                 timeout: float, base_of: Callable[[str], int | None] | None = None) -> None:
+        """`base_of`: a node's DRAM segment base address (None: unknown, and a put
+        placed there is recorded the old way, its PutEnd waiting for the commit)."""
         self._take = take_changes
         self._links = links
         self.timeout = timeout
+        self._base_of = base_of or (lambda _node: None)
+        # Intents sent and not yet replaced by their commit or dropped: key -> node ->
+        # (offset, mark). Cleared with the term (`reset`): marks name this term's links.
+        self._intents: dict[bytes, dict[str, tuple[int, Mark]]] = {}
+        # Intent drops queued, per key, not yet known applied: a Remove waits for them.
+        self._dropping: dict[bytes, list[tuple[str, Mark]]] = {}
         self.held = 0  # replies that waited for a node
         self.refused = 0  # replies turned into UNAVAILABLE: not recorded in time
+        self.intents = 0  # intents sent
+        self.early = 0  # commits acknowledged on their intent (no wait for the commit)
+
+    def reset(self) -> None:
+        """A new term: this leader's links start over, and so does what was sent."""
+        self._intents.clear()
+        self._dropping.clear()
 
     def record(self, method: str, reply: Any,
-               stored: dict[bytes, set[str]] | None = None) -> asyncio.Future[None] | None:
+               stored: dict[bytes, set[str]] | None = None,
+               placed: Sequence[Placed] = (),
+               released: Iterable[bytes] = ()) -> asyncio.Future[None] | None:
         """Queue what the call just changed; None if its reply may leave now, else a
         future resolved once it may (having set `reply.error` if the change could not be
         recorded in time). `stored`: keys the call found already stored, with the nodes
         holding them; their record is waited for too, so that a retry of a write whose
-        reply said "not recorded" is not acknowledged before the record lands."""
+        reply said "not recorded" is not acknowledged before the record lands.
+        `placed`: the puts PutStart placed (their intents go out now); `released`: keys
+        whose PENDING attempt the call ended without a commit (revoked, removed)."""
         changes = self._take()
-        if not changes and not stored:
+        kick, early = self._queue(changes, placed, released)
+        if not changes and not stored and not kick:
             return None
-        queue_changes(self._links, changes)
         if method not in RECORDED_CALLS or reply.error.code:
-            self._links.kick({c.node_id for c in changes})
+            self._links.kick(kick)
             return None
         added: dict[bytes, set[str]] = {k: set(ns) for k, ns in (stored or {}).items()}
         dropped: set[str] = set()
@@ -66,16 +110,125 @@ class Recorder:
                 added.setdefault(c.key, set()).add(c.node_id)
             elif method == "Remove":  # an eviction inside a put is no promise
                 dropped.add(c.node_id)
+        if method == "Remove" and self._dropping:
+            for key in released:  # intent drops still in flight: no intent outlives it
+                for node, m in self._dropping.pop(key, ()):
+                    if m[0].applied < m[1]:
+                        dropped.add(node)
         if not added and not dropped:
-            self._links.kick({c.node_id for c in changes})
+            self._links.kick(kick)
             return None
-        nodes = {n for ns in added.values() for n in ns} | dropped
-        marks = {n: m for n in nodes if (m := self._links.mark(n)) is not None}
-        self._links.kick(marks)
-        if not any(link.stale or link.applied < seq for link, seq in marks.values()):
-            return None  # all recorded already (a stored key whose record has landed)
+        waits = self._waits(added, dropped, early)
+        self._links.kick(kick)
+        if not any(link.stale or link.applied < seq for link, seq in waits.values()):
+            return None  # all recorded already (normally: the intents have landed)
         self.held += 1
-        return self._settle(reply, added, dropped, marks)
+        return self._settle(reply, added, dropped, waits)
+
+    def _waits(self, added: dict[bytes, set[str]], dropped: set[str],
+               early: dict[tuple[bytes, str], Mark]) -> dict[str, Mark]:
+        """Per node, the place in its queue the reply waits for: a commit on its intent's,
+        anything else on the call's own last delta there."""
+        waits: dict[str, Mark] = {}
+        for key, ns in added.items():
+            for n in ns:
+                m = early.get((key, n))
+                if m is not None:
+                    self.early += 1
+                elif (m := self._links.mark(n)) is None:
+                    continue
+                _later(waits, n, m)
+        for n in dropped:
+            if (m := self._links.mark(n)) is not None:
+                _later(waits, n, m)
+        return waits
+
+    def _queue(self, changes: list[ReplicaChange], placed: Sequence[Placed],
+               released: Iterable[bytes]) -> tuple[set[str], dict[tuple[bytes, str], Mark]]:
+        """Queue a call's journal, then the drops of the intents it made moot, then its
+        new intents. Returns the nodes to kick and, per (key, node) committed on the
+        intent sent for that very placement, the intent's mark."""
+        kick: set[str] = set()
+        early: dict[tuple[bytes, str], Mark] = {}
+        intents = self._intents
+        for c in changes:
+            self._links.queue(c.node_id, spb.Replica(key=c.key, offset=c.offset, size=c.size,
+                                                     checksum=c.checksum, tier=c.tier), c.added)
+            kick.add(c.node_id)
+            if c.added and intents:
+                sent = intents.pop(c.key, None)
+                if sent is not None:
+                    mine = sent.pop(c.node_id, None)
+                    if mine is not None and mine[0] == c.offset:
+                        early[(c.key, c.node_id)] = mine[1]
+                    if sent:  # an earlier attempt's intent on another node
+                        kick |= self._drop_intents(c.key, sent)
+        for key in released:
+            sent = intents.pop(key, None)
+            if sent:
+                kick |= self._drop_intents(key, sent)
+        for p in placed:
+            kick |= self._send_intents(p)
+        return kick, early
+
+    def forget(self, keys: Iterable[bytes]) -> None:
+        """PENDING objects the core dropped on its own (reclaimed at the put timeout,
+        gone with a node): their intents are dropped from the nodes, in order."""
+        if not self._intents:
+            return
+        kick: set[str] = set()
+        for key in keys:
+            sent = self._intents.pop(key, None)
+            if sent:
+                kick |= self._drop_intents(key, sent)
+        self._links.kick(kick)
+
+    def _send_intents(self, p: Placed) -> set[str]:
+        out: set[str] = set()
+        mine: dict[str, tuple[int, Mark]] = {}
+        old = self._intents.pop(p.key, None)
+        for loc in p.locations:
+            base = self._base_of(loc.node_id)
+            if base is None or loc.tier != "dram":
+                continue
+            offset = loc.addr - base
+            if old is not None and (was := old.get(loc.node_id)) is not None and was[0] == offset:
+                mine[loc.node_id] = old.pop(loc.node_id)  # the same placement, started again
+                continue
+            self._links.queue(loc.node_id, spb.Replica(
+                key=p.key, offset=offset, size=loc.size, checksum=p.checksum, tier="dram",
+                pending=True), True)
+            m = self._links.mark(loc.node_id)
+            if m is not None:
+                mine[loc.node_id] = (offset, m)
+                out.add(loc.node_id)
+                self.intents += 1
+        if old:
+            out |= self._drop_intents(p.key, old)
+        if mine:
+            self._intents[p.key] = mine
+        return out
+
+    def _drop_intents(self, key: bytes, sent: dict[str, tuple[int, Mark]]) -> set[str]:
+        dropping = self._dropping.get(key)
+        for node, (offset, _m) in sent.items():
+            self._links.queue(node, spb.Replica(key=key, offset=offset, tier="dram"), False)
+            m = self._links.mark(node)
+            if m is not None:
+                if dropping is None:
+                    dropping = self._dropping[key] = []
+                dropping.append((node, m))
+        if len(self._dropping) > _MAX_DROPPING:
+            self._prune_dropping()
+        return set(sent)
+
+    def _prune_dropping(self) -> None:
+        for key in list(self._dropping):
+            left = [(n, m) for n, m in self._dropping[key] if m[0].applied < m[1]]
+            if left:
+                self._dropping[key] = left
+            else:
+                del self._dropping[key]
 
     def _settle(self, reply: Any, added: dict[bytes, set[str]], dropped: set[str],
                 marks: dict[str, Any]) -> asyncio.Future[None]:
@@ -135,3 +288,15 @@ class Recorder:
         self.refused += 1
         reply.error.code = int(code)
         reply.error.message = message
+
+
+# Keys with intent drops in flight before the applied ones are pruned (a bound on memory:
+# a drop normally lands within a round trip).
+_MAX_DROPPING = 10_000
+
+
+def _later(waits: dict[str, Mark], node: str, m: Mark) -> None:
+    """Keep, per node, the furthest mark to wait for."""
+    have = waits.get(node)
+    if have is None or have[0] is not m[0] or have[1] < m[1]:
+        waits[node] = m  # a link replaced meanwhile (the node restarted): the newer one

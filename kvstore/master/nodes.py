@@ -53,8 +53,7 @@ class _Link:
     address: str
     channel: grpc.aio.Channel
     stub: spbg.StoreNodeStub
-    add: list[spb.Replica] = field(default_factory=list)
-    drop: list[spb.Replica] = field(default_factory=list)
+    changes: list[spb.Change] = field(default_factory=list)  # queued, in order
     tls: bool = False
     queued: int = 0  # deltas ever queued for this node
     applied: int = 0  # of those, how many the node has applied (in order)
@@ -66,9 +65,14 @@ class _Link:
 
 
 class NodeLinks:
-    def __init__(self, epoch: Callable[[], int], security: DaemonSecurity | None = None) -> None:
+    def __init__(self, epoch: Callable[[], int], security: DaemonSecurity | None = None,
+                 on_health: Callable[[str, bool], None] | None = None) -> None:
+        """`on_health(node, answers)`: called when a node misses a delta (False: no
+        placements there, see MasterCore.set_unresponsive) and when one lands again."""
         self._epoch = epoch
         self._security = security or DaemonSecurity()
+        self.on_health = on_health
+        self.down: set[str] = set()  # nodes whose last Apply failed
         self._links: dict[str, _Link] = {}
         self.deltas_sent = 0
         self.deltas_dropped = 0
@@ -91,6 +95,7 @@ class NodeLinks:
             link.fast = self._delta_client(deltas, tls)
         link.sender = asyncio.ensure_future(self._send_loop(node_id, link))
         self._links[node_id] = link
+        self._healthy(node_id, True)  # a new incarnation, or a new address: a fresh start
 
     def _delta_client(self, address: str, tls: bool) -> DeltaClient:
         # TLS as for the node's gRPC service (DaemonSecurity.channel).
@@ -100,7 +105,21 @@ class NodeLinks:
         return DeltaClient(address, peer.ssl_context(), peer.hostname(split_address(address)[0]),
                            self._security.token)
 
+    def _healthy(self, node_id: str, answers: bool) -> None:
+        if answers == (node_id not in self.down):
+            return
+        if answers:
+            self.down.discard(node_id)
+            log.info("node %s answers again: placements resume", node_id)
+        else:
+            self.down.add(node_id)
+            log.warning("node %s missed an inventory delta: no placements there until "
+                        "one lands", node_id)
+        if self.on_health is not None:
+            self.on_health(node_id, answers)
+
     def drop_node(self, node_id: str) -> None:
+        self.down.discard(node_id)
         link = self._links.pop(node_id, None)
         if link is not None:
             self._retire(link, Applied.GONE)
@@ -116,16 +135,29 @@ class NodeLinks:
 
     # -- queueing and delivery ----------------------------------------------------------
 
-    def queue(self, node_id: str, replica: spb.Replica, added: bool) -> None:
+    def queue(self, node_id: str, replica: spb.Replica, added: bool) -> int:
+        """Queue one change; returns its place in the node's queue (`applied` reaches it
+        once the node has it), 0 if the leader has no link to the node."""
         link = self._links.get(node_id)
         if link is None:
-            return
-        target = link.add if added else link.drop
-        target.append(replica)
+            return 0
+        target = link.changes
+        target.append(spb.Change(replica=replica, drop=not added))
         link.queued += 1
         if len(target) > MAX_QUEUED:
             del target[: len(target) - MAX_QUEUED]
             self.deltas_dropped += 1
+        return link.queued
+
+    def applied(self, node_id: str, seq: int) -> bool:
+        """Whether the node has applied its queue up to `seq` (see `queue`)."""
+        link = self._links.get(node_id)
+        return link is not None and link.applied >= seq
+
+    def mark_at(self, node_id: str, seq: int) -> tuple[_Link, int] | None:
+        """A mark (see `mark`) at an earlier place in the node's queue."""
+        link = self._links.get(node_id)
+        return None if link is None else (link, seq)
 
     def mark(self, node_id: str) -> tuple[_Link, int] | None:
         """Where `node_id`'s queue ends now: `wait` returns once the node has applied up
@@ -183,12 +215,13 @@ class NodeLinks:
         while True:
             await link.wake.wait()
             link.wake.clear()
-            while link.add or link.drop:
-                add, drop, upto = link.add, link.drop, link.queued
-                link.add, link.drop = [], []
-                outcome = await self._apply(node_id, link, add, drop)
+            while link.changes:
+                changes, upto = link.changes, link.queued
+                link.changes = []
+                outcome = await self._apply(node_id, link, changes)
                 if outcome is Applied.YES:
                     failures = 0
+                    self._healthy(node_id, True)
                     link.applied = upto
                     self._wake_waiters(link, Applied.YES)
                 elif outcome is Applied.STALE:
@@ -198,7 +231,8 @@ class NodeLinks:
                     self._wake_waiters(link, Applied.STALE)
                 else:
                     # Sent again first, in order, with whatever was queued meanwhile.
-                    link.add[:0], link.drop[:0] = add, drop
+                    link.changes[:0] = changes
+                    self._healthy(node_id, False)
                     failures += 1
                     await asyncio.sleep(min(RETRY_MAX, 0.05 * (2 ** min(failures, 5))))
             # Waiters for deltas a trim dropped (MAX_QUEUED) would wait forever.
@@ -217,9 +251,8 @@ class NodeLinks:
                 keep.append((seq, future))
         link.waiters = keep
 
-    async def _apply(self, node_id: str, link: _Link, add: list[spb.Replica],
-                     drop: list[spb.Replica]) -> Applied:
-        request = spb.ApplyRequest(epoch=self._epoch(), add=add, drop=drop)
+    async def _apply(self, node_id: str, link: _Link, changes: list[spb.Change]) -> Applied:
+        request = spb.ApplyRequest(epoch=self._epoch(), changes=changes)
         try:
             if link.fast is not None:
                 reply = await link.fast.apply(request, APPLY_TIMEOUT)
@@ -236,7 +269,7 @@ class NodeLinks:
         if reply.error.code == Code.NOT_LEADER:
             log.error("node %s says a newer leader exists: %s", node_id, reply.error.message)
             return Applied.STALE
-        self.deltas_sent += len(add) + len(drop)
+        self.deltas_sent += len(changes)
         self.applies += 1
         return Applied.YES
 
@@ -284,3 +317,4 @@ class NodeLinks:
             if link.fast is not None:
                 await link.fast.close()
         self._links.clear()
+        self.down.clear()

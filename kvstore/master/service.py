@@ -16,7 +16,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -25,6 +25,7 @@ from google.protobuf.message import Message
 from kvstore.errors import Code, InvalidArgument, KVStoreError, NotLeader
 from kvstore.master.core import Location, MasterCore, ObjectInfo, SegmentStats
 from kvstore.master.core.config import live_settings
+from kvstore.master.durability import Placed
 from kvstore.master.metrics import MasterMetrics, counters
 from kvstore.rpc import columns
 from kvstore.rpc.methods import METHODS
@@ -43,8 +44,9 @@ Body = Callable[[Any], Message]
 class Recorder(Protocol):
     """kvstore.master.durability.Recorder.record."""
 
-    def __call__(self, method: str, reply: Any,
-                 stored: dict[bytes, set[str]]) -> asyncio.Future[None] | None: ...
+    def __call__(self, method: str, reply: Any, stored: dict[bytes, set[str]],
+                 placed: Sequence[Placed] = (),
+                 released: Iterable[bytes] = ()) -> asyncio.Future[None] | None: ...
 
 
 class Leadership(Protocol):
@@ -121,6 +123,10 @@ class MasterService(pbg.MasterServicer):
         # its OK must wait for their record too (a retry after a write that was not
         # recorded in time finds the key stored, and must not be acknowledged sooner).
         self._stored: dict[bytes, set[str]] = {}
+        # What the put call being handled placed (its intents go to the nodes) and the
+        # keys whose PENDING attempt it ended without a commit (kvstore.master.durability).
+        self._placed: list[Placed] = []
+        self._released: list[bytes] = []
         bodies: dict[str, Body] = {
             "PutStart": self.put_start,
             "PutEnd": self.put_end,
@@ -202,8 +208,13 @@ class MasterService(pbg.MasterServicer):
         call it right after `handle`, before the next call runs: the changes a write
         made are then still the journal's newest."""
         stored, self._stored = self._stored, {}
+        placed, released = self._placed, self._released
+        if placed:
+            self._placed = []
+        if released:
+            self._released = []
         recorder = self.recorder
-        return None if recorder is None else recorder(method, reply, stored)
+        return None if recorder is None else recorder(method, reply, stored, placed, released)
 
     async def _handle_settled(self, method: str, request: Any, context: Any) -> Any:
         reply = self.handle(method, request, self.caller_of(context.invocation_metadata()))
@@ -254,6 +265,13 @@ class MasterService(pbg.MasterServicer):
         )
         if not request.ahead:
             self._note_stored(keys, [r.code for r in results])
+            if self.recorder is not None:
+                # Space started ahead has no checksum yet: its commit is recorded the
+                # old way (PutCommit waits for the node).
+                sums = request.checksums
+                self._placed = [Placed(k, sums[i], r.locations)
+                                for i, (k, r) in enumerate(zip(keys, results, strict=True))
+                                if r.code == Code.OK and r.locations]
         reply = pb.PutStartResponse(put_timeout=self.core.config.put_timeout)
         add = reply.items.add
         for r in results:
@@ -286,8 +304,10 @@ class MasterService(pbg.MasterServicer):
         return self._codes(codes)
 
     def put_revoke(self, request: pb.KeysRequest) -> pb.CodesResponse:
-        return self._codes(self.core.put_revoke(self._keys(request.keys), request.writer,
-                                                unsettled=request.unsettled))
+        keys = self._keys(request.keys)
+        codes = self.core.put_revoke(keys, request.writer, unsettled=request.unsettled)
+        self._released = [k for k, c in zip(keys, codes, strict=False) if c == Code.OK]
+        return self._codes(codes)
 
     def put_commit(self, request: pb.PutCommitRequest) -> pb.CodesResponse:
         keys = self._keys(request.keys)
@@ -297,7 +317,10 @@ class MasterService(pbg.MasterServicer):
         return self._codes(codes)
 
     def remove(self, request: pb.RemoveRequest) -> pb.CodesResponse:
-        return self._codes(self.core.remove(self._keys(request.keys), force=request.force))
+        keys = self._keys(request.keys)
+        codes = self.core.remove(keys, force=request.force)
+        self._released = [k for k, c in zip(keys, codes, strict=False) if c == Code.OK]
+        return self._codes(codes)
 
     # -- reads ----------------------------------------------------------------------
 
@@ -465,7 +488,7 @@ class MasterService(pbg.MasterServicer):
         return await self._handle_settled("PutEnd", request, context)
 
     async def PutRevoke(self, request: pb.KeysRequest, context: Any) -> pb.CodesResponse:
-        return self.handle("PutRevoke", request, self.caller_of(context.invocation_metadata()))
+        return await self._handle_settled("PutRevoke", request, context)
 
     async def PutCommit(self, request: pb.PutCommitRequest, context: Any) -> pb.CodesResponse:
         return await self._handle_settled("PutCommit", request, context)

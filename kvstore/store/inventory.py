@@ -2,9 +2,14 @@
 
 The master decides placement and the clients write the bytes, so the node itself cannot
 know which ranges of its segment hold committed objects. The leader tells it, in batched
-`Apply` deltas after each commit and free. The inventory is what a newly elected leader
-reads back to rebuild its index; entries that a lost delta left stale are harmless, since
-every read is checked against the checksum recorded here and at the master.
+`Apply` deltas: an *intent* when it places a put (PutStart), the commit, and each free.
+The inventory is what a newly elected leader reads back to rebuild its index; entries
+that a lost delta left stale are harmless, since every read is checked against the
+checksum recorded here and at the master.
+
+An intent (`Held.pending`) counts as held only while the bytes at its range verify
+against its checksum (`verify_pending`): its put's OK waited for the intent but not for
+the commit (docs/durability.md, section 1), so the bytes are the commit's proof.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ class Held:
     offset: int
     size: int
     checksum: int
+    pending: int = 0  # an intent: the epoch of the leader that sent it (0: committed)
 
 
 class Inventory:
@@ -65,6 +71,38 @@ class Inventory:
                         now = dram.get(key)
                         if now is not None and now.offset == event:
                             del dram[key]
+
+    def replay(self, changes: list[tuple[bytes, Held | int]]) -> None:
+        """Changes in the leader's order: a Held adds (or replaces) the key's replica, an
+        int drops the key's replica at that offset (never a newer copy elsewhere)."""
+        with self._lock:
+            dram = self._dram
+            for key, change in changes:
+                if isinstance(change, Held):
+                    dram[key] = change
+                else:
+                    now = dram.get(key)
+                    if now is not None and now.offset == change:
+                        del dram[key]
+
+    def pending(self) -> list[tuple[bytes, Held]]:
+        with self._lock:
+            return [(k, h) for k, h in self._dram.items() if h.pending]
+
+    def settle_pending(self, verified: list[tuple[bytes, Held]],
+                       torn: list[tuple[bytes, Held]], epoch: int) -> None:
+        """After a leader of `epoch` read the inventory: intents of older leaders whose
+        bytes verified become plain entries (that leader is gone, this one adopts them),
+        those whose bytes did not are forgotten (no leader can commit them any more).
+        An entry changed meanwhile is left as it is."""
+        with self._lock:
+            dram = self._dram
+            for key, held in verified:
+                if held.pending < epoch and dram.get(key) is held:
+                    dram[key] = Held(held.offset, held.size, held.checksum)
+            for key, held in torn:
+                if held.pending < epoch and dram.get(key) is held:
+                    del dram[key]
 
     def clear(self) -> None:
         with self._lock:

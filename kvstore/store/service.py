@@ -42,14 +42,31 @@ class StoreNodeService(spbg.StoreNodeServicer):
     async def Apply(self, request: spb.ApplyRequest, context: Any) -> spb.ApplyResponse:
         if not self.inventory.admit_epoch(request.epoch):
             return _stale(spb.ApplyResponse)
-        self.inventory.apply(
-            [(r.key, Held(r.offset, r.size, r.checksum)) for r in request.add if r.tier != "ssd"],
-            [(r.key, r.offset) for r in request.drop if r.tier != "ssd"],
-        )
+        if request.add or request.drop:
+            self.inventory.apply(
+                [(r.key, Held(r.offset, r.size, r.checksum)) for r in request.add
+                 if r.tier != "ssd"],
+                [(r.key, r.offset) for r in request.drop if r.tier != "ssd"],
+            )
+        ssd_drops = [r for r in request.drop if r.tier == "ssd"]
+        if request.changes:
+            epoch = request.epoch or 1
+            ordered: list[tuple[bytes, Held | int]] = []
+            for c in request.changes:
+                r = c.replica
+                if r.tier == "ssd":
+                    if c.drop:
+                        ssd_drops.append(r)
+                elif c.drop:
+                    ordered.append((r.key, r.offset))
+                else:
+                    ordered.append((r.key, Held(r.offset, r.size, r.checksum,
+                                                epoch if r.pending else 0)))
+            self.inventory.replay(ordered)
         # A drop names the reservation it frees: skip it if the key has been demoted
         # again since (a newer copy under a newer reservation).
-        gone = [r.key for r in request.drop
-                if r.tier == "ssd" and self.ssd_tokens.get(r.key, r.offset) == r.offset]
+        gone = [r.key for r in ssd_drops
+                if self.ssd_tokens.get(r.key, r.offset) == r.offset]
         for key in gone:
             self.ssd_tokens.pop(key, None)
         if gone and self.ssd is not None:
@@ -65,16 +82,44 @@ class StoreNodeService(spbg.StoreNodeServicer):
             return spb.InventoryResponse(node_id=self.node_id, segment=self.segment_name,
                                          base_addr=self.segment.base_addr,
                                          size=self.segment.size)
+        pending = self.inventory.pending()
+        verified: list[tuple[bytes, Held]] = []
+        if pending:
+            # Intents count only where their bytes verify: a put acknowledged on the
+            # intent alone wrote its bytes before its PutEnd, while a write torn,
+            # abandoned or never made is a miss here, never wrong bytes.
+            verified = await asyncio.to_thread(self._verified, pending)
+            ok = {k for k, _ in verified}
+            self.inventory.settle_pending(verified, [(k, h) for k, h in pending if k not in ok],
+                                          request.epoch)
         replicas = [
             spb.Replica(key=k, offset=h.offset, size=h.size, checksum=h.checksum, tier="dram")
-            for k, h in self.inventory.dram()
+            for k, h in self.inventory.dram() if not h.pending
         ]
+        listed = {r.key for r in replicas}  # a verified intent of an older leader is plain now
+        replicas += [spb.Replica(key=k, offset=h.offset, size=h.size, checksum=h.checksum,
+                                 tier="dram") for k, h in verified if k not in listed]
         if self.ssd is not None:
             replicas += [spb.Replica(key=e.key, size=e.size, checksum=e.checksum, tier="ssd")
                          for e in self.ssd.entries()]
         return spb.InventoryResponse(node_id=self.node_id, replicas=replicas,
                                      segment=self.segment_name,
                                      base_addr=self.segment.base_addr, size=self.segment.size)
+
+    def _verified(self, pending: list[tuple[bytes, Held]]) -> list[tuple[bytes, Held]]:
+        out = []
+        size = self.segment.size
+        for key, held in pending:
+            end = held.offset + held.size
+            if held.size == 0 or end > size:
+                continue
+            view = self.segment.view[held.offset:end]
+            try:
+                if matches(view, held.checksum):
+                    out.append((key, held))
+            finally:
+                view.release()
+        return out
 
     async def Move(self, request: spb.MoveRequest, context: Any) -> spb.MoveResponse:
         if not self.inventory.admit_epoch(request.epoch):

@@ -40,28 +40,40 @@ class MoveResponse(_message.Message):
     def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., codes: _Optional[_Iterable[_Union[_common_pb2.Code, str]]] = ...) -> None: ...
 
 class Replica(_message.Message):
-    __slots__ = ("key", "offset", "size", "checksum", "tier")
+    __slots__ = ("key", "offset", "size", "checksum", "tier", "pending")
     KEY_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
     key: bytes
     offset: int
     size: int
     checksum: int
     tier: str
-    def __init__(self, key: _Optional[bytes] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., tier: _Optional[str] = ...) -> None: ...
+    pending: bool
+    def __init__(self, key: _Optional[bytes] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., tier: _Optional[str] = ..., pending: _Optional[bool] = ...) -> None: ...
+
+class Change(_message.Message):
+    __slots__ = ("replica", "drop")
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    DROP_FIELD_NUMBER: _ClassVar[int]
+    replica: Replica
+    drop: bool
+    def __init__(self, replica: _Optional[_Union[Replica, _Mapping]] = ..., drop: _Optional[bool] = ...) -> None: ...
 
 class ApplyRequest(_message.Message):
-    __slots__ = ("epoch", "add", "drop")
+    __slots__ = ("epoch", "add", "drop", "changes")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ADD_FIELD_NUMBER: _ClassVar[int]
     DROP_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     add: _containers.RepeatedCompositeFieldContainer[Replica]
     drop: _containers.RepeatedCompositeFieldContainer[Replica]
-    def __init__(self, epoch: _Optional[int] = ..., add: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., drop: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ...) -> None: ...
+    changes: _containers.RepeatedCompositeFieldContainer[Change]
+    def __init__(self, epoch: _Optional[int] = ..., add: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., drop: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ...) -> None: ...
 
 class ApplyResponse(_message.Message):
     __slots__ = ("error",)

@@ -46,6 +46,15 @@ def commit(node: str, key: bytes, added: bool = True) -> ReplicaChange:
     return ReplicaChange(node, "dram", key, 0, 4, 1, added)
 
 
+def added(request: spb.ApplyRequest) -> list[spb.Replica]:
+    """The replicas an Apply adds (the leader sends them in `changes`, in order)."""
+    return [c.replica for c in request.changes if not c.drop]
+
+
+def dropped(request: spb.ApplyRequest) -> list[spb.Replica]:
+    return [c.replica for c in request.changes if c.drop]
+
+
 def taker(journal: list[ReplicaChange]) -> Any:
     """The core's take_replica_changes over a plain list."""
     def take() -> list[ReplicaChange]:
@@ -72,7 +81,7 @@ def test_the_reply_waits_until_the_node_applied_the_commit() -> None:
         for _ in range(20):
             await asyncio.sleep(0)
         assert not task.done(), "the reply left before the node recorded the commit"
-        assert [r.key for r in nodes["a"].calls[0].add] == [b"k"]
+        assert [r.key for r in added(nodes["a"].calls[0])] == [b"k"]
         nodes["a"].gate.set()
         await task
         assert reply.error.code == 0
@@ -97,7 +106,7 @@ def test_commits_waiting_together_go_in_one_apply() -> None:
         nodes["a"].gate.set()
         await asyncio.gather(*waits)
         assert len(nodes["a"].calls) == 2
-        assert len(nodes["a"].calls[1].add) == 9
+        assert len(added(nodes["a"].calls[1])) == 9
         await links.close()
     run(main())
 
@@ -162,7 +171,7 @@ def test_reads_and_failed_writes_do_not_wait() -> None:
         assert rec.record("PutEnd", pb.CodesResponse()) is None  # nothing changed
         nodes["a"].gate.set()
         await wait_until_async(lambda: nodes["a"].calls, what="the delta reached the node")
-        assert [r.key for r in nodes["a"].calls[0].drop] == [b"k"]  # still delivered
+        assert [r.key for r in dropped(nodes["a"].calls[0])] == [b"k"]  # still delivered
         await links.close()
     run(main())
 
@@ -192,7 +201,7 @@ def test_a_node_unreachable_for_a_while_gets_the_deltas_in_order() -> None:
         await wait
         assert reply.error.code == 0
         assert len(calls) == 3
-        assert [r.key for r in calls[-1].add] == [b"k1", b"k2"]
+        assert [r.key for r in added(calls[-1])] == [b"k1", b"k2"]
         await links.close()
     run(main())
 

@@ -420,6 +420,17 @@ class MasterCore:
         the operator's mark."""
         self._membership.set_adopting(node_id, adopting)
 
+    def set_unresponsive(self, node_id: str, unresponsive: bool) -> None:
+        """A node that missed a record (its last inventory delta failed: killed, cut off)
+        gets no new placements until one lands again, though its etcd lease still runs:
+        a put placed there would only fail. Like adopting, without the operator's mark."""
+        state = self._state
+        if unresponsive:
+            state.unresponsive.add(node_id)
+        else:
+            state.unresponsive.discard(node_id)
+        state.refresh_pool()
+
     def drain(self, node_id: str, limit: int = 1000) -> DrainReport:
         """Admin: one step of emptying a node; marks it draining first.
 

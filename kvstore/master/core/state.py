@@ -244,6 +244,9 @@ class CoreState:
         # no placements there until it is, or a new object takes the range of one the
         # node still holds and the node's entry is refused.
         self.adopting: set[str] = set()
+        # Nodes that missed their last inventory delta (set_unresponsive): likely dead
+        # before their etcd lease ends; no placements there until one lands again.
+        self.unresponsive: set[str] = set()
         # Nodes gone recently, listed by node_list() for config.departed_retention s.
         self.departed: dict[str, NodeInfo] = {}
         # No eviction before this clock time (after a failover, see hold_eviction_until).
@@ -287,7 +290,8 @@ class CoreState:
         # Draining nodes get no new placements, and their DRAM is not in the pool the
         # watermarks watch: the rest of the cluster must hold the working set.
         self.dram = [s for s in self.segments.tier(DRAM)
-                     if s.node_id not in self.draining and s.node_id not in self.adopting]
+                     if s.node_id not in self.draining and s.node_id not in self.adopting
+                     and s.node_id not in self.unresponsive]
         self.pool_capacity = sum(s.alloc.capacity for s in self.dram)
 
     def pool_used(self) -> int:

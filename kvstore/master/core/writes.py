@@ -280,6 +280,11 @@ class Writes:
 
     def _no_segment(self) -> tuple[str, Code]:
         state = self._state
+        if state.unresponsive and state.segments.tier(DRAM):
+            # Retryable: a node that missed a record is taken back at its next one.
+            return ("no store node with a DRAM segment answers the master (each missed its "
+                    "last record: down or unreachable); retry once one is back, or add a node",
+                    Code.UNAVAILABLE)
         if state.draining and state.segments.tier(DRAM):
             return ("every store node with a DRAM segment is draining; undrain one "
                     "(kvstore drain NODE --cancel) or add a node", Code.STORE_FULL)
