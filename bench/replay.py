@@ -121,7 +121,8 @@ def open_system(args: argparse.Namespace, endpoint: dict[str, str], max_blocks: 
 
 def _ssd_waits(system: System) -> int:
     """Objects our client has waited for while they came back from SSD; for Mooncake,
-    objects its client has read from the node's SSD offload."""
+    its client's reads from the node's SSD offload (RPCs: the split by tier only asks
+    whether a request read from SSD at all)."""
     ssd_reads = getattr(system, "ssd_reads", None)
     if ssd_reads is not None:
         return int(ssd_reads())
@@ -733,8 +734,9 @@ class Report:
         if run.spec.system == MC and "ssd_bytes" in t:
             words.append(f"its SSD directory held {t['ssd_files']} files, "
                          f"{format_size(t['ssd_bytes'])} at the end (at most "
-                         f"{format_size(t['ssd_bytes_max'])} seen); {t['ssd_reads']} objects "
-                         f"were read back from it")
+                         f"{format_size(t['ssd_bytes_max'])} seen); its clients read from it "
+                         f"{t['ssd_reads']} times (offload RPC reads; one may carry several "
+                         f"objects)")
         return "; ".join(w for w in words if w)
 
     def as_json(self) -> dict[str, Any]:

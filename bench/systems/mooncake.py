@@ -113,7 +113,8 @@ class Mooncake(System):
         return Step(n, loaded, t1 - t0, t2 - t1, t3 - t2, 0.0, put_errors, loaded * bs, written)
 
     def ssd_reads(self) -> int:
-        """Objects this client has read from a node's SSD offload (over its offload RPC)."""
+        """Reads this client has made from a node's SSD offload (offload RPCs; a batch get
+        may fetch several objects in one)."""
         count = getattr(self.s, "get_offload_rpc_read_count", None)
         return int(count()) if count is not None else 0
 
