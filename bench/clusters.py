@@ -297,8 +297,10 @@ def mooncake(tmp: Path, segment_bytes: int, ssd_bytes: int = 0) -> Iterator[Moon
         while not ready.exists():
             if node.poll() is not None or time.monotonic() > deadline:
                 error = MooncakeSSDUnavailable if ssd_bytes else RuntimeError
-                what = "its segment and SSD offload" if ssd_bytes else "its segment"
-                raise error(f"the Mooncake store node did not mount {what}\n"
+                what = ("Mooncake's SSD offload cannot be turned on here: its store node did "
+                        "not mount its segment and local disk" if ssd_bytes else
+                        "the Mooncake store node did not mount its segment")
+                raise error(f"{what}\n"
                                    + log_tail(logs / "mooncake-node.log")
                                    + "\n" + log_tail(logs / "mooncake_master.log"))
             time.sleep(0.05)

@@ -927,7 +927,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "at the same total capacity (default: on)")
     p.add_argument("--ssd", type=parse_size, default=0,
                    help="also replay with an SSD tier of this many bytes in all (split among "
-                        "--nodes) under the same DRAM, e.g. 256MiB")
+                        "--nodes) under the same DRAM, e.g. 256MiB; with --mooncake, also "
+                        "Mooncake with its SSD offload of this size")
     p.add_argument("--ssd-fsync", action=argparse.BooleanOptionalAction, default=True,
                    help="the SSD tier syncs what it writes (default; --no-ssd-fsync: the "
                         "page cache only)")
