@@ -29,6 +29,11 @@ N / 0.85 slots of one 64-byte-aligned block (rounded up to whole slots per node)
 gets a segment of the same total bytes (its own policy: evict 5 % of objects above 0.90,
 objects read in the last 10 s are leased and not evicted).
 
+--ssd SIZE adds a run of the same DRAM with an SSD tier of SIZE; with --mooncake also a
+Mooncake run with its own SSD offload on (master --enable_offload, the node's local-disk
+segment of SIZE in a temporary directory; bench/clusters.py). Where this wheel has no
+offload, the report says so in a sentence and the other runs go on.
+
 Runs one system at a time, each on a fresh cluster, inside a private network namespace
 (loopback only; re-executes itself under `unshare -n`, needs root). With --nodes > 1 or
 --concurrency > 1 it also replays on one node with one replayer at the same total
@@ -115,7 +120,12 @@ def open_system(args: argparse.Namespace, endpoint: dict[str, str], max_blocks: 
 
 
 def _ssd_waits(system: System) -> int:
-    """Objects our client has waited for while they came back from SSD (0 for Mooncake)."""
+    """Objects our client has waited for while they came back from SSD; for Mooncake,
+    its client's reads from the node's SSD offload (RPCs: the split by tier only asks
+    whether a request read from SSD at all)."""
+    ssd_reads = getattr(system, "ssd_reads", None)
+    if ssd_reads is not None:
+        return int(ssd_reads())
     stats = getattr(getattr(system, "c", None), "stats", None)
     return int(getattr(stats, "ssd_waits", 0))
 
@@ -409,12 +419,20 @@ def _mooncake_metrics(url: str) -> dict[str, float]:
 
 def run_mooncake(args: argparse.Namespace, spec: RunSpec, requests: list[Request],
                  tmp: Path) -> RunResult:
-    from bench.clusters import mooncake
+    """One Mooncake run; with spec.ssd_per_node, its SSD offload on (bench/clusters.py
+    raises MooncakeSSDUnavailable where this wheel cannot)."""
+    from bench.clusters import dir_bytes, mooncake
 
     logs = tmp / "replay"
     logs.mkdir(parents=True, exist_ok=True)
     pool = spec.dram_per_node * spec.nodes
-    with mooncake(tmp / spec.label, pool) as mc:
+    with mooncake(tmp / spec.label.replace(" ", "_"), pool, ssd_bytes=spec.ssd_per_node) as mc:
+        ssd_dir = mc.ssd_dir
+        # What its SSD directory holds during the run: (files, bytes) every 0.5 s.
+        disk_sampler = (Sampler(lambda d=ssd_dir: dir_bytes(d), interval=0.5)
+                        if ssd_dir is not None else None)
+        if disk_sampler:
+            disk_sampler.start()
         url = getattr(mc, "metrics", "")
 
         def poll() -> tuple[int, int]:
@@ -430,8 +448,17 @@ def run_mooncake(args: argparse.Namespace, spec: RunSpec, requests: list[Request
                 args, spec, {"master": mc.master, "metadata": mc.metadata}, len(requests), logs)
         finally:
             held = sampler.stop() if sampler else []
+            if disk_sampler:
+                disk_sampler.stop()
         evictions = poll()[1] - ev0 if url else None
-    return RunResult(spec, records, wall, [pool], evictions, held, rcs, info)
+        tiers: dict[str, int] = {}
+        if ssd_dir is not None:
+            files, size = dir_bytes(ssd_dir)
+            tiers = {"ssd_files": files, "ssd_bytes": size,
+                     "ssd_bytes_max": max([size] + [b for _, b in disk_sampler.samples]
+                                          if disk_sampler else [size]),
+                     "ssd_reads": sum(int(i.get("ssd_reads", 0)) for i in info)}
+    return RunResult(spec, records, wall, [pool], evictions, held, rcs, info, tiers)
 
 
 # -- figures ------------------------------------------------------------------------------
@@ -510,6 +537,7 @@ class Report:
     infinite: SimStats
     args: argparse.Namespace
     lru_full: tuple[int, SimStats] | None = None   # plain LRU as large as the whole pool
+    notes: list[str] = field(default_factory=list)  # runs that could not be made, and why
 
     @property
     def tiered(self) -> set[str]:
@@ -576,6 +604,7 @@ class Report:
         lines += self.perf_table()
         lines.append("")
         lines += self.verdicts()
+        lines += self.notes
         return "\n".join(lines)
 
     def infinite_keys(self) -> set[int]:
@@ -615,7 +644,8 @@ class Report:
                 f"{pf.share * 100:.1f}%",
                 lat([r.load_s for r in hit if not r.ssd_waits]),
                 lat([r.load_s for r in hit if r.ssd_waits]),
-                f"{tiers.get('demotions', 0)} / {tiers.get('promotions', 0)}" if tiers else "-",
+                f"{tiers.get('demotions', 0)} / {tiers.get('promotions', 0)}"
+                if "demotions" in tiers else "-",
             ]
             if a.speed > 0:
                 t_first = self.requests[0].timestamp_ms
@@ -687,7 +717,8 @@ class Report:
 
     def tier_verdict(self, run: RunResult, s: Summary) -> str:
         """An SSD run against the bound and against the DRAM-only run of its geometry."""
-        base = next((r for r in self.runs if r.spec.system == OURS and not r.spec.ssd_per_node
+        base = next((r for r in self.runs if r.spec.system == run.spec.system
+                     and not r.spec.ssd_per_node
                      and r.spec.nodes == run.spec.nodes
                      and r.spec.concurrency == run.spec.concurrency), None)
         words = [f"{run.spec.label}: block hit rate {pp(s.block_rate, self.infinite.block_hit_rate)} "
@@ -699,6 +730,13 @@ class Report:
             words.append(f"{pp(s.block_rate, b.block_rate)} over DRAM only ({base.spec.label}); "
                          f"request rate {rate:.0f} vs {brate:.0f} req/s "
                          f"({100 * rate / brate:.0f}% of DRAM only)" if brate else "")
+        t = run.tiers
+        if run.spec.system == MC and "ssd_bytes" in t:
+            words.append(f"its SSD directory held {t['ssd_files']} files, "
+                         f"{format_size(t['ssd_bytes'])} at the end (at most "
+                         f"{format_size(t['ssd_bytes_max'])} seen); its clients read from it "
+                         f"{t['ssd_reads']} times (offload RPC reads; one may carry several "
+                         f"objects)")
         return "; ".join(w for w in words if w)
 
     def as_json(self) -> dict[str, Any]:
@@ -809,6 +847,10 @@ def plan_runs(args: argparse.Namespace, sizing: Sizing) -> list[RunSpec]:
                                sizing.dram_per_node, ssd_per_node=args.ssd // args.nodes))
     if args.mooncake:
         runs.append(RunSpec(f"mooncake 1n c{args.concurrency}", MC, 1, args.concurrency, pool))
+        if args.ssd:
+            # Its SSD offload beside ours: same DRAM, the whole --ssd on its one node.
+            runs.append(RunSpec(f"mooncake 1n c{args.concurrency} +SSD {format_size(args.ssd)}",
+                                MC, 1, args.concurrency, pool, ssd_per_node=args.ssd))
     return runs
 
 
@@ -825,9 +867,17 @@ def orchestrate(args: argparse.Namespace, tmp: Path) -> int:
              f"{format_size(sizing.dram_per_node)} DRAM" if args.start
              else f"against the cluster at {args.etcd}")
     print(f"replaying {len(requests)} requests, {where}; logs in {tmp}", flush=True)
+    from bench.clusters import MooncakeSSDUnavailable
+
     runs: list[RunResult] = []
+    notes: list[str] = []
     for spec in plan_runs(args, sizing):
-        run = (run_ours if spec.system == OURS else run_mooncake)(args, spec, requests, tmp)
+        try:
+            run = (run_ours if spec.system == OURS else run_mooncake)(args, spec, requests, tmp)
+        except MooncakeSSDUnavailable as exc:
+            notes.append(f"{spec.label}: not run. {str(exc).splitlines()[0]}")
+            print(notes[-1], file=sys.stderr, flush=True)
+            continue
         runs.append(run)
     if not args.start and runs:
         # A running cluster: its DRAM decides the capacity the sims are given.
@@ -840,7 +890,7 @@ def orchestrate(args: argparse.Namespace, tmp: Path) -> int:
         for run in runs}
     slots = StoreSim.pool_slots(runs[0].segments, args.block_bytes) if runs else 0
     full = (slots, simulate(requests, StoreSim.lru(slots))) if slots else None
-    report = Report(requests, sizing, runs, mirror, lru, inf, args, full)
+    report = Report(requests, sizing, runs, mirror, lru, inf, args, full, notes)
     print()
     print(report.text())
     print(f"\n(total {time.monotonic() - t_start:.0f} s)")
@@ -877,7 +927,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "at the same total capacity (default: on)")
     p.add_argument("--ssd", type=parse_size, default=0,
                    help="also replay with an SSD tier of this many bytes in all (split among "
-                        "--nodes) under the same DRAM, e.g. 256MiB")
+                        "--nodes) under the same DRAM, e.g. 256MiB; with --mooncake, also "
+                        "Mooncake with its SSD offload of this size")
     p.add_argument("--ssd-fsync", action=argparse.BooleanOptionalAction, default=True,
                    help="the SSD tier syncs what it writes (default; --no-ssd-fsync: the "
                         "page cache only)")

@@ -22,6 +22,8 @@ class Mooncake(System):
     name = "mooncake"
 
     def __init__(self, endpoint: dict[str, str], slots: Slots, local_buffer: int) -> None:
+        # A client with no segment and no SSD of its own, also when the store node
+        # offloads to SSD: it reads an offloaded object from that node over its offload RPC.
         super().__init__(slots)
         from bench.clusters import MooncakeCluster, mooncake_client
 
@@ -109,6 +111,15 @@ class Mooncake(System):
                     self.count(f"put rc={rc}")
         t3 = clock()
         return Step(n, loaded, t1 - t0, t2 - t1, t3 - t2, 0.0, put_errors, loaded * bs, written)
+
+    def ssd_reads(self) -> int:
+        """Reads this client has made from a node's SSD offload (offload RPCs; a batch get
+        may fetch several objects in one)."""
+        count = getattr(self.s, "get_offload_rpc_read_count", None)
+        return int(count()) if count is not None else 0
+
+    def info(self) -> dict[str, Any]:
+        return {"ssd_reads": self.ssd_reads()}
 
     def close(self) -> None:
         self.s.close()
