@@ -24,6 +24,7 @@ import grpc
 import pytest
 
 from kvstore.devcluster import etcd_command, free_port, wait_for_port
+from kvstore.errors import Unavailable
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
 
@@ -97,9 +98,19 @@ class Cluster:
         return proc
 
     def start_etcd(self) -> None:
-        self.etcd_port = free_port()
-        proc = self.spawn("etcd", etcd_command(self.tmp / "etcd", self.etcd_port, free_port()))
-        wait_for_port(self.etcd_port, proc.popen, "etcd")
+        # A port found free can be taken before etcd binds it (the Transfer Engines of
+        # other tests pick ports of their own): etcd then exits at once saying so, and
+        # is started again on other ports.
+        for attempt in range(3):
+            self.etcd_port = free_port()
+            proc = self.spawn("etcd", etcd_command(self.tmp / "etcd", self.etcd_port, free_port()))
+            try:
+                wait_for_port(self.etcd_port, proc.popen, "etcd")
+                return
+            except Unavailable:
+                self.procs.remove(proc)
+                if attempt == 2 or b"address already in use" not in proc.log.read_bytes():
+                    raise
 
     def start_master(self, *extra: str) -> str:
         port = free_port()

@@ -159,22 +159,23 @@ def test_a_client_credential_cannot_change_the_clusters_truth(authed: Authed) ->
 
 
 def test_config_set_goes_through_the_leader_with_an_admin_token(authed: Authed) -> None:
-    ok = authed.kvstore("config", "set", "evict_high", "0.85", "--json",
+    # Above the default evict_low (0.97): valid alone.
+    ok = authed.kvstore("config", "set", "evict_high", "0.99", "--json",
                         token=authed.tokens["admin"])
-    assert json.loads(ok.stdout) == {"set": {"evict_high": 0.85}, "applied": True}
+    assert json.loads(ok.stdout) == {"set": {"evict_high": 0.99}, "applied": True}
     with authed.as_user(ROLES.daemon):
-        assert read_prefix_sync(authed.c.etcd, LAYOUT.config) == [b"0.85"]  # the leader wrote it
+        assert read_prefix_sync(authed.c.etcd, LAYOUT.config) == [b"0.99"]  # the leader wrote it
 
     refused = authed.kvstore("config", "set", "evict_high", "0.5",
                              token=authed.tokens["alice"], expect=2)
     assert "token 'alice' has role client, which may not call SetConfig" in refused.stderr
     # A conflict is the leader's sentence, and nothing is written.
-    bad = authed.kvstore("config", "set", "evict_low", "0.9", token=authed.tokens["admin"],
+    bad = authed.kvstore("config", "set", "evict_low", "0.995", token=authed.tokens["admin"],
                          expect=2)
     assert "evict_low" in bad.stderr and bad.stderr.startswith("kvstore: ")
     got = authed.kvstore("config", "get", "--json", token=authed.tokens["admin"])
     settings = json.loads(got.stdout)["settings"]
-    assert settings["evict_high"]["value"] == 0.85
+    assert settings["evict_high"]["value"] == 0.99
     assert settings["evict_high"]["etcd"] is None  # the reader may not read config/
 
     authed.kvstore("config", "unset", "evict_high", token=authed.tokens["admin"])
