@@ -150,7 +150,8 @@ def make_scheduler(vllm_config: Any, num_blocks: int = 64, kv_config: Any = None
 _ids = itertools.count(1)
 
 
-def make_request(tokens: list[int], max_tokens: int = 4, req_id: str | None = None) -> Any:
+def make_request(tokens: list[int], max_tokens: int = 4, req_id: str | None = None,
+                 block_size: int = BLOCK) -> Any:
     from vllm import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -160,7 +161,7 @@ def make_request(tokens: list[int], max_tokens: int = 4, req_id: str | None = No
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     return Request(request_id=req_id or f"req-{next(_ids)}", prompt_token_ids=list(tokens),
                    sampling_params=params, pooling_params=None, mm_features=None,
-                   block_hasher=get_request_block_hasher(BLOCK, sha256))
+                   block_hasher=get_request_block_hasher(block_size, sha256))
 
 
 def runner_output(reqs: list[Any], *, worker_meta: Any = None,
