@@ -302,30 +302,13 @@ class SsdTier:
         key = bytes(key)
         view = files.byte_view(data)
         self._require_open()
-        if not matches(view, checksum):
-            raise CorruptObject(
-                f"refusing to store {len(view)} bytes whose checksum does not match the "
-                "one given: the source copy is damaged",
-                key=key,
-            )
+        _refuse_damaged(key, view, checksum)
         need = fmt.file_length(len(key), len(view))
         durable = self.fsync if sync is None else sync
         group = sync is False and self.fsync  # a group commit: sync() follows
-        with self._cond:
-            while self._index.is_busy(key):
-                self._cond.wait()
-            if self._commit.broken is not None:
-                raise Unavailable(self._commit.broken, key=key)
-            existing = self._index.touch(key)
-            if existing is not None:
-                return existing
-            # Victims here are files the master does not count (it reserves a worst-case
-            # size per object against this cap and drops its own victims before the
-            # Move): nobody is told, because the master already treats a missing SSD
-            # copy as lost when it promotes it. docs/ssd.md, "Who evicts".
-            plan = self._index.plan_put(key, need)
-            for victim in plan.victims:
-                self._commit.forget_locked(victim.key)
+        plan = self._reserve(key, need)
+        if isinstance(plan, SsdEntry):
+            return plan
         started = time.perf_counter()
         entry: SsdEntry | None = None
         late: SsdEntry | None = None  # written, but a flush failed meanwhile: not kept
@@ -375,23 +358,11 @@ class SsdTier:
                     if key in seen:  # the same key twice in one batch: stored once
                         continue
                     seen[key] = i
-                    if not matches(view, checksum):
-                        raise CorruptObject(
-                            f"refusing to store {len(view)} bytes whose checksum does not "
-                            "match the one given: the source copy is damaged", key=key)
-                    need = fmt.file_length(len(key), len(view))
-                    with self._cond:
-                        while self._index.is_busy(key):
-                            self._cond.wait()
-                        if self._commit.broken is not None:
-                            raise Unavailable(self._commit.broken, key=key)
-                        existing = self._index.touch(key)
-                        if existing is not None:
-                            out[i] = existing
-                            continue
-                        plan = self._index.plan_put(key, need)
-                        for victim in plan.victims:
-                            self._commit.forget_locked(victim.key)
+                    _refuse_damaged(key, view, checksum)
+                    plan = self._reserve(key, fmt.file_length(len(key), len(view)))
+                    if isinstance(plan, SsdEntry):
+                        out[i] = plan
+                        continue
                     plans.append((i, plan, view, checksum))
                 except KVStoreError as exc:
                     out[i] = exc
@@ -406,6 +377,26 @@ class SsdTier:
             if out[i] is None:
                 out[i] = out[seen[bytes(raw_key)]]
         return [o for o in out if o is not None]
+
+    def _reserve(self, key: bytes, need: int) -> SsdEntry | PutPlan:
+        """Room for `key` (the plan, its victims forgotten by the group commit), or the
+        entry already stored under it; waits while another write of the key runs."""
+        with self._cond:
+            while self._index.is_busy(key):
+                self._cond.wait()
+            if self._commit.broken is not None:
+                raise Unavailable(self._commit.broken, key=key)
+            existing = self._index.touch(key)
+            if existing is not None:
+                return existing
+            # Victims here are files the master does not count (it reserves a worst-case
+            # size per object against this cap and drops its own victims before the
+            # Move): nobody is told, because the master already treats a missing SSD
+            # copy as lost when it promotes it. docs/ssd.md, "Who evicts".
+            plan = self._index.plan_put(key, need)
+            for victim in plan.victims:
+                self._commit.forget_locked(victim.key)
+            return plan
 
     def _write_pack(self, plans: list[tuple[int, PutPlan, memoryview, int]],
                     out: list[SsdEntry | KVStoreError | None]) -> None:
@@ -688,3 +679,11 @@ class SsdTier:
             ignored=found.ignored,
             seconds=time.perf_counter() - started,
         )
+
+
+def _refuse_damaged(key: bytes, view: memoryview, checksum: int) -> None:
+    """CorruptObject when the bytes to store do not match `checksum`: a copy that is
+    already wrong (a torn or stray write) is never persisted."""
+    if not matches(view, checksum):
+        raise CorruptObject(f"refusing to store {len(view)} bytes whose checksum does not "
+                            "match the one given: the source copy is damaged", key=key)

@@ -277,12 +277,7 @@ def scan(directory: Path, verify_data: bool) -> Scan:
         with os.scandir(directory / shard_name) as it:
             dirents = list(it)
         for dirent in dirents:
-            if not dirent.is_file(follow_symlinks=False):
-                result.ignored += 1
-                continue
-            if fmt.is_temp_name(dirent.name):
-                unlink_quietly(dirent.path)
-                result.temp_removed += 1
+            if _passed_over(dirent, result):
                 continue
             stem = fmt.stem_of(dirent.name)
             if stem is None or not stem.startswith(shard_name):
@@ -312,6 +307,19 @@ def scan(directory: Path, verify_data: bool) -> Scan:
     return result
 
 
+def _passed_over(dirent: os.DirEntry[str], result: Scan) -> bool:
+    """Whether a scan skips this entry: not a plain file (counted as ignored), or the
+    temporary file of a write a crash cut short (removed)."""
+    if not dirent.is_file(follow_symlinks=False):
+        result.ignored += 1
+        return True
+    if fmt.is_temp_name(dirent.name):
+        unlink_quietly(dirent.path)
+        result.temp_removed += 1
+        return True
+    return False
+
+
 def _scan_packs(directory: Path, verify_data: bool, result: Scan,
                 dated: list[tuple[int, str, SsdEntry]]) -> None:
     packs = directory / fmt.PACK_DIR
@@ -319,12 +327,7 @@ def _scan_packs(directory: Path, verify_data: bool, result: Scan,
     with os.scandir(packs) as it:
         dirents = list(it)
     for dirent in dirents:
-        if not dirent.is_file(follow_symlinks=False):
-            result.ignored += 1
-            continue
-        if fmt.is_temp_name(dirent.name):
-            unlink_quietly(dirent.path)
-            result.temp_removed += 1
+        if _passed_over(dirent, result):
             continue
         if not dirent.name.endswith(fmt.PACK_SUFFIX):
             result.ignored += 1
