@@ -20,6 +20,8 @@ from typing import Any
 
 from kvstore.checksum import checksum
 from kvstore.errors import Code, InvalidArgument, KVStoreError, Unavailable, Unsettled, error_for
+from kvstore.put_record import encode as encode_record
+from kvstore.put_record import record_bytes, room_for
 from kvstore.v1 import master_pb2 as pb
 from kvstore_client.buffers import Dest, byte_view, checked_keys
 from kvstore_client.datapath import Plan, Target, Ticket, Xfer
@@ -29,6 +31,10 @@ from kvstore_client.steps import Finish, Flow, Later, Rpc, Settle, Start, Wait
 
 # How long a put keeps asking while the master makes room (BUSY) before giving up.
 BUSY_BUDGET = 5.0
+# One-call puts of fewer bytes than this checksum their values before the transfer, so
+# that the put records travel in the values' batch; larger ones checksum while their
+# bytes move and send the records in a second batch.
+SUM_FIRST_BELOW = 256 << 10
 
 
 def put_many(st: ClientState, keys: Sequence[bytes],
@@ -91,11 +97,11 @@ def _put(st: ClientState, keys: list[bytes], srcs: list[Dest],
             taken = None
     if taken is None:
         results = yield from _put_plain(st, keys, srcs, fill)
-    yield from _reserve(st, rs, sizes)
+    yield from _reserve(st, rs, sizes, max(map(len, keys), default=0))
     return results
 
 
-def _reserve(st: ClientState, rs: Reservations, sizes: list[int]) -> Flow[None]:
+def _reserve(st: ClientState, rs: Reservations, sizes: list[int], key_len: int) -> Flow[None]:
     """Revoke placeholders past their age; ask (without waiting) for what the pool lacks
     to cover a batch of these sizes again."""
     stale = rs.expired()
@@ -114,7 +120,8 @@ def _reserve(st: ClientState, rs: Reservations, sizes: list[int]) -> Flow[None]:
 
         yield Later("PutStart", pb.PutStartRequest(
             keys=[k for k, _ in asked], sizes=[z for _, z in asked], checksums=[0] * len(asked),
-            replicas=replicas, writer=st.writer_id, ahead=True), granted)
+            replicas=replicas, writer=st.writer_id, ahead=True,
+            record_room=room_for(key_len)), granted)
 
 
 def _put_reserved(st: ClientState, keys: list[bytes], srcs: list[Dest],
@@ -132,9 +139,7 @@ def _put_reserved(st: ClientState, keys: list[bytes], srcs: list[Dest],
     for d, r in zip(srcs, taken, strict=True):
         for target, addr in r.locations:
             plan[target].append(Xfer(d.addr, addr, r.size))
-    ticket = yield Start(plan, write=True, at_once=True)
-    sums = [checksum(d.view) for d in srcs]
-    failed: dict[Target, KVStoreError] = yield Finish(ticket)
+    sums, failed, records = yield from _write_reserved(st, keys, srcs, taken, plan)
     again: list[int] = []
     commit: list[int] = []
     for i, r in enumerate(taken):
@@ -149,7 +154,7 @@ def _put_reserved(st: ClientState, keys: list[bytes], srcs: list[Dest],
         reply = yield Rpc("PutCommit", pb.PutCommitRequest(
             placeholders=[taken[i].key for i in commit], keys=[keys[i] for i in commit],
             sizes=[taken[i].size for i in commit], checksums=[sums[i] for i in commit],
-            writer=st.writer_id))
+            writer=st.writer_id, records=records))
         now = st.now()
         learn = st.placements.learn
         for i, code in zip(commit, reply.codes, strict=True):
@@ -161,6 +166,7 @@ def _put_reserved(st: ClientState, keys: list[bytes], srcs: list[Dest],
                     rs.give_back(r, st.replicas)  # still PENDING and ours
                     continue
                 st.stats.one_call_puts += 1
+                st.stats.recorded_puts += records
                 if reply.epoch == r.epoch:
                     (segment, node_id), addr = r.locations[0]
                     learn(keys[i], r.epoch, r.placement, r.size, sums[i], segment, node_id,
@@ -178,6 +184,54 @@ def _put_reserved(st: ClientState, keys: list[bytes], srcs: list[Dest],
         for i, res in zip(again, redo, strict=True):
             results[i] = res
     return results
+
+
+def _write_reserved(st: ClientState, keys: list[bytes], srcs: list[Dest],
+                    taken: list[Reserved], plan: Plan,
+                    ) -> Flow[tuple[list[int], dict[Target, KVStoreError], bool]]:
+    """Move the values into their placeholders with their put records where every
+    placeholder has room for one and the record area a free chunk; returns the
+    checksums, the failures per target and whether the records went."""
+    area = st.records
+    chunk = (area.take(sum(record_bytes(len(k)) for k in keys))
+             if all(r.room >= record_bytes(len(k)) for k, r in zip(keys, taken, strict=True))
+             else None)
+    try:
+        if chunk is not None and sum(r.size for r in taken) < SUM_FIRST_BELOW:
+            # Small values: checksum first, and the records go in the values' batch.
+            sums = [checksum(d.view) for d in srcs]
+            _add_records(plan, area.view, area.addr, chunk, keys, taken, sums)
+            ticket = yield Start(plan, write=True, at_once=True)
+            failed: dict[Target, KVStoreError] = yield Finish(ticket)
+            return sums, failed, True
+        ticket = yield Start(plan, write=True, at_once=True)
+        sums = [checksum(d.view) for d in srcs]  # while the bytes move
+        more: Ticket | None = None
+        if chunk is not None:
+            records: Plan = defaultdict(list)
+            _add_records(records, area.view, area.addr, chunk, keys, taken, sums)
+            more = yield Start(records, write=True, at_once=True)
+        failed = yield Finish(ticket)
+        if more is not None:
+            late: dict[Target, KVStoreError] = yield Finish(more)
+            failed = {**late, **failed} if late else failed
+        return sums, failed, chunk is not None
+    finally:
+        if chunk is not None:
+            area.give(chunk)
+
+
+def _add_records(plan: Plan, view: memoryview, base: int, at: int, keys: list[bytes],
+                 taken: list[Reserved], sums: list[int]) -> None:
+    """Write each value's put record into the record area from `at` and plan its copy
+    to just after the value in every replica (the room its placeholder has there)."""
+    for key, r, total in zip(keys, taken, sums, strict=True):
+        rec = encode_record(r.key, key, r.size, total, r.epoch)
+        n = len(rec)
+        view[at:at + n] = rec
+        for target, addr in r.locations:
+            plan[target].append(Xfer(base + at, addr + r.size, n))
+        at += n
 
 
 def _put_plain(st: ClientState, keys: list[bytes], srcs: list[Dest],

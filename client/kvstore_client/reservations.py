@@ -24,6 +24,9 @@ Why this is safe:
   transfer outlived the leader that started it.
 - A key already stored leaves its placeholder PENDING and this client's: it goes back
   to the pool and is written again next time.
+- The leader sets aside room after each placeholder's value, where the put appends its
+  put record (key, size, checksum; kvstore/put_record.py) in the same transfer: the
+  commit's OK then waits for no store node (docs/durability.md, section 1).
 
 The pool is bounded by `budget` bytes; a batch larger than half of it goes the plain
 way. It keeps, per (size, replicas), DEPTH times as many placeholders as the last batch
@@ -65,6 +68,7 @@ class Reserved:
     placement: int
     locations: list[tuple[tuple[str, str], int]]  # ((segment, node id), addr) per replica
     usable_until: float
+    room: int = 0  # bytes after the value for its put record (kvstore/put_record.py)
 
 
 class Reservations:
@@ -189,11 +193,13 @@ class Reservations:
         timeout = reply.put_timeout or 0.0
         until = sent_at + min(self.max_age, timeout / 2 if timeout else self.max_age)
         epoch = reply.epoch
+        room = reply.record_room  # 0 from a master that set none aside: write no record
         for (key, size), item in zip(asked, reply.items, strict=True):
             locs = item.locations
             if item.code == Code.OK and locs and (not replicas or len(locs) == replicas):
                 r = Reserved(key, size, epoch, item.placement,
-                             [((loc.segment, loc.node_id), loc.addr) for loc in locs], until)
+                             [((loc.segment, loc.node_id), loc.addr) for loc in locs], until,
+                             room)
                 self._pool.setdefault((size, replicas), deque()).append(r)
                 self.held += size * len(locs)
             else:

@@ -24,6 +24,7 @@ from kvstore_client.datapath import DataPath
 from kvstore_client.local import LocalSegments
 from kvstore_client.misuse import WrongLeaseContext
 from kvstore_client.placements import DEFAULT_CAPACITY, Placements
+from kvstore_client.records import RecordArea
 from kvstore_client.reservations import DEFAULT_BUDGET, Reservations
 from kvstore_client.staging import Staging
 from kvstore_client.stats import ClientStats
@@ -100,6 +101,7 @@ class ClientState(DataPath):
         # and space started ahead under an older leader is never written.
         self.epoch = 0
         self.staging = staging
+        self.records = RecordArea(transfer)
         self.writer_id = writer_id
         self.replicas = replicas
         self.regions = Regions()
@@ -155,4 +157,5 @@ class ClientState(DataPath):
     def close(self) -> None:
         self.local.close()
         self.staging.close()
+        self.records.close()
         self.transfer.close()

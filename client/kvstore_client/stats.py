@@ -17,6 +17,7 @@ class ClientStats:
     early_reads: int = 0  # objects read while asking, kept (the answer confirmed them)
     early_wasted: int = 0  # objects read while asking, thrown away (moved or gone)
     one_call_puts: int = 0  # objects put into space started ahead (one control call)
+    recorded_puts: int = 0  # of those, committed with their put record (no node wait)
     ssd_waits: int = 0  # objects a read waited for while they came back from SSD
     failovers: int = 0
     put_retries: int = 0  # objects put again after a failed transfer (a node down)

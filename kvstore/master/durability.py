@@ -11,9 +11,13 @@ why the following is enough:
   the whole transfer to arrive (normally it has: nothing to wait for). The commit delta
   is queued and sent, not waited for: the intent plus the bytes the client wrote before
   its PutEnd already tell a new leader the object is there.
-- PutCommit (space started ahead, whose checksum the leader learns only now), a commit
-  with no intent of this term, Remove: the reply waits until the nodes applied the
-  call's own deltas (one leader-to-node round trip, as before).
+- PutStart of space started ahead (placeholders) with record room: an intent per
+  placeholder with no key or checksum yet (`Replica.record`); its writer appends a put
+  record (kvstore/put_record.py) to the value it writes there. PutCommit with
+  `records`: the reply waits only for the placeholder's intent (long since applied),
+  as PutEnd does; the commit is queued, then the drop of the placeholder's intent.
+- PutCommit without records, a commit with no intent of this term, Remove: the reply
+  waits until the nodes applied the call's own deltas (one leader-to-node round trip).
 - A PENDING object that goes (revoked, reclaimed, its other node lost, removed): the
   intents of its attempt are dropped, in the same per-node order, before its ranges can
   be placed again; a Remove also waits for the drop of any intent of the key still in
@@ -53,6 +57,7 @@ class Placed:
     key: bytes
     checksum: int
     locations: Sequence[Location]
+    record: bool = False  # a placeholder: key and checksum come in its put record
 
 
 def queue_changes(links: NodeLinks, changes: list[ReplicaChange]) -> None:
@@ -88,16 +93,21 @@ class Recorder:
     def record(self, method: str, reply: Any,
                stored: dict[bytes, set[str]] | None = None,
                placed: Sequence[Placed] = (),
-               released: Iterable[bytes] = ()) -> asyncio.Future[None] | None:
+               released: Iterable[bytes] = (),
+               renamed: dict[bytes, bytes] | None = None,
+               records: bool = False) -> asyncio.Future[None] | None:
         """Queue what the call just changed; None if its reply may leave now, else a
         future resolved once it may (having set `reply.error` if the change could not be
         recorded in time). `stored`: keys the call found already stored, with the nodes
         holding them; their record is waited for too, so that a retry of a write whose
         reply said "not recorded" is not acknowledged before the record lands.
         `placed`: the puts PutStart placed (their intents go out now); `released`: keys
-        whose PENDING attempt the call ended without a commit (revoked, removed)."""
+        whose PENDING attempt the call ended without a commit (revoked, removed);
+        `renamed`: PutCommit's keys and the placeholders they were written into, whose
+        intents the commits replace (`records`: each carries its put record, so the
+        commit is acknowledged on the placeholder's intent)."""
         changes = self._take()
-        kick, early = self._queue(changes, placed, released)
+        kick, early = self._queue(changes, placed, released, renamed or {}, records)
         if not changes and not stored and not kick:
             return None
         if method not in RECORDED_CALLS or reply.error.code:
@@ -144,7 +154,8 @@ class Recorder:
         return waits
 
     def _queue(self, changes: list[ReplicaChange], placed: Sequence[Placed],
-               released: Iterable[bytes]) -> tuple[set[str], dict[tuple[bytes, str], Mark]]:
+               released: Iterable[bytes], renamed: dict[bytes, bytes],
+               records: bool) -> tuple[set[str], dict[tuple[bytes, str], Mark]]:
         """Queue a call's journal, then the drops of the intents it made moot, then its
         new intents. Returns the nodes to kick and, per (key, node) committed on the
         intent sent for that very placement, the intent's mark."""
@@ -155,7 +166,17 @@ class Recorder:
             self._links.queue(c.node_id, spb.Replica(key=c.key, offset=c.offset, size=c.size,
                                                      checksum=c.checksum, tier=c.tier), c.added)
             kick.add(c.node_id)
-            if c.added and intents:
+            if c.added and intents and renamed and (ph := renamed.get(c.key)) is not None:
+                # A placeholder's intent, replaced by this commit: dropped after it.
+                sent = intents.get(ph)
+                mine = sent.pop(c.node_id, None) if sent is not None else None
+                if sent is not None and not sent:
+                    del intents[ph]
+                if mine is not None:
+                    if records and mine[0] == c.offset:
+                        early[(c.key, c.node_id)] = mine[1]
+                    kick |= self._drop_intents(ph, {c.node_id: mine})
+            elif c.added and intents:
                 sent = intents.pop(c.key, None)
                 if sent is not None:
                     mine = sent.pop(c.node_id, None)
@@ -197,7 +218,7 @@ class Recorder:
                 continue
             self._links.queue(loc.node_id, spb.Replica(
                 key=p.key, offset=offset, size=loc.size, checksum=p.checksum, tier="dram",
-                pending=True), True)
+                pending=True, record=p.record), True)
             m = self._links.mark(loc.node_id)
             if m is not None:
                 mine[loc.node_id] = (offset, m)

@@ -46,7 +46,9 @@ class Recorder(Protocol):
 
     def __call__(self, method: str, reply: Any, stored: dict[bytes, set[str]],
                  placed: Sequence[Placed] = (),
-                 released: Iterable[bytes] = ()) -> asyncio.Future[None] | None: ...
+                 released: Iterable[bytes] = (),
+                 renamed: dict[bytes, bytes] | None = None,
+                 records: bool = False) -> asyncio.Future[None] | None: ...
 
 
 class Leadership(Protocol):
@@ -127,6 +129,10 @@ class MasterService(pbg.MasterServicer):
         # keys whose PENDING attempt it ended without a commit (kvstore.master.durability).
         self._placed: list[Placed] = []
         self._released: list[bytes] = []
+        # The placeholders PutCommit renamed (key -> placeholder) and whether their put
+        # records were written (PutCommitRequest.records).
+        self._renamed: dict[bytes, bytes] = {}
+        self._records = False
         bodies: dict[str, Body] = {
             "PutStart": self.put_start,
             "PutEnd": self.put_end,
@@ -208,13 +214,19 @@ class MasterService(pbg.MasterServicer):
         call it right after `handle`, before the next call runs: the changes a write
         made are then still the journal's newest."""
         stored, self._stored = self._stored, {}
-        placed, released = self._placed, self._released
+        placed, released, renamed = self._placed, self._released, self._renamed
         if placed:
             self._placed = []
         if released:
             self._released = []
+        if renamed:
+            self._renamed = {}
         recorder = self.recorder
-        return None if recorder is None else recorder(method, reply, stored, placed, released)
+        if recorder is None:
+            return None
+        if renamed:
+            return recorder(method, reply, stored, placed, released, renamed, self._records)
+        return recorder(method, reply, stored, placed, released)
 
     async def _handle_settled(self, method: str, request: Any, context: Any) -> Any:
         reply = self.handle(method, request, self.caller_of(context.invocation_metadata()))
@@ -259,11 +271,19 @@ class MasterService(pbg.MasterServicer):
 
     def put_start(self, request: pb.PutStartRequest) -> pb.PutStartResponse:
         keys = self._keys(request.keys)
+        room = request.record_room if self.recorder is not None else 0
         results = self.core.put_start(
             keys, list(request.sizes), list(request.checksums),
             replicas=request.replicas or None, writer=request.writer, ahead=request.ahead,
+            record_room=room,
         )
-        if not request.ahead:
+        if room:
+            # A placeholder's intent: its key and checksum come in the record its writer
+            # appends to the value (kvstore/put_record.py).
+            self._placed = [Placed(k, 0, r.locations, record=True)
+                            for k, r in zip(keys, results, strict=True)
+                            if r.code == Code.OK and r.locations]
+        elif not request.ahead:
             self._note_stored(keys, [r.code for r in results])
             if self.recorder is not None:
                 # Space started ahead has no checksum yet: its commit is recorded the
@@ -272,7 +292,8 @@ class MasterService(pbg.MasterServicer):
                 self._placed = [Placed(k, sums[i], r.locations)
                                 for i, (k, r) in enumerate(zip(keys, results, strict=True))
                                 if r.code == Code.OK and r.locations]
-        reply = pb.PutStartResponse(put_timeout=self.core.config.put_timeout)
+        reply = pb.PutStartResponse(put_timeout=self.core.config.put_timeout,
+                                    record_room=room)
         add = reply.items.add
         for r in results:
             item = add()
@@ -311,9 +332,14 @@ class MasterService(pbg.MasterServicer):
 
     def put_commit(self, request: pb.PutCommitRequest) -> pb.CodesResponse:
         keys = self._keys(request.keys)
-        codes = self.core.put_commit(self._keys(request.placeholders), keys,
+        placeholders = self._keys(request.placeholders)
+        codes = self.core.put_commit(placeholders, keys,
                                      list(request.sizes), list(request.checksums), request.writer)
         self._note_stored(keys, codes)
+        if self.recorder is not None:
+            self._renamed = {k: p for k, p, c in zip(keys, placeholders, codes, strict=True)
+                             if c == Code.OK}
+            self._records = request.records
         return self._codes(codes)
 
     def remove(self, request: pb.RemoveRequest) -> pb.CodesResponse:

@@ -24,6 +24,9 @@ class Held:
     size: int
     checksum: int
     pending: int = 0  # an intent: the epoch of the leader that sent it (0: committed)
+    # A placeholder's intent: no checksum yet, the put record after its bytes names the
+    # key and checksum (kvstore/put_record.py).
+    record: bool = False
 
 
 class Inventory:
@@ -90,13 +93,21 @@ class Inventory:
             return [(k, h) for k, h in self._dram.items() if h.pending]
 
     def settle_pending(self, verified: list[tuple[bytes, Held]],
-                       torn: list[tuple[bytes, Held]], epoch: int) -> None:
+                       torn: list[tuple[bytes, Held]], epoch: int,
+                       recorded: dict[bytes, tuple[bytes, Held]] | None = None) -> None:
         """After a leader of `epoch` read the inventory: intents of older leaders whose
         bytes verified become plain entries (that leader is gone, this one adopts them),
         those whose bytes did not are forgotten (no leader can commit them any more).
-        An entry changed meanwhile is left as it is."""
+        `recorded`: placeholders' intents whose put record verified, with the key and
+        entry it names: the entry replaces the placeholder's. An entry changed meanwhile
+        is left as it is."""
         with self._lock:
             dram = self._dram
+            for ph, (key, entry) in (recorded or {}).items():
+                held = dram.get(ph)
+                if held is not None and held.pending < epoch:
+                    del dram[ph]
+                    dram[key] = entry
             for key, held in verified:
                 if held.pending < epoch and dram.get(key) is held:
                     dram[key] = Held(held.offset, held.size, held.checksum)

@@ -6,8 +6,9 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from kvstore import put_record
 from kvstore.checksum import matches
-from kvstore.errors import Code, KVStoreError
+from kvstore.errors import MAX_KEY_BYTES, Code, KVStoreError
 from kvstore.store.inventory import Held, Inventory
 from kvstore.store.segment import DramSegment
 from kvstore.store.ssd import SsdTier
@@ -19,6 +20,7 @@ from kvstore.v1 import store_pb2_grpc as spbg
 _STALE = "a newer leader has taken over; this master's epoch is stale"
 # Demotions of objects up to this size in one Move are written as one pack file.
 PACK_BELOW = 256 << 10
+MAX_RECORD_BYTES = put_record.record_bytes(MAX_KEY_BYTES)
 
 
 def _stale(response: Any) -> Any:
@@ -61,7 +63,8 @@ class StoreNodeService(spbg.StoreNodeServicer):
                     ordered.append((r.key, r.offset))
                 else:
                     ordered.append((r.key, Held(r.offset, r.size, r.checksum,
-                                                epoch if r.pending else 0)))
+                                                epoch if r.pending else 0,
+                                                r.pending and r.record)))
             self.inventory.replay(ordered)
         # A drop names the reservation it frees: skip it if the key has been demoted
         # again since (a newer copy under a newer reservation).
@@ -88,10 +91,15 @@ class StoreNodeService(spbg.StoreNodeServicer):
             # Intents count only where their bytes verify: a put acknowledged on the
             # intent alone wrote its bytes before its PutEnd, while a write torn,
             # abandoned or never made is a miss here, never wrong bytes.
-            verified = await asyncio.to_thread(self._verified, pending)
-            ok = {k for k, _ in verified}
-            self.inventory.settle_pending(verified, [(k, h) for k, h in pending if k not in ok],
-                                          request.epoch)
+            verified, recorded = await asyncio.to_thread(self._verified, pending,
+                                                         request.epoch)
+            ok = {k for k, _ in verified} | recorded.keys()
+            # A placeholder of the current leader is still its own: neither adopted nor
+            # forgotten (its writer may still be writing it).
+            torn = [(k, h) for k, h in pending
+                    if k not in ok and not (h.record and h.pending >= request.epoch)]
+            self.inventory.settle_pending(verified, torn, request.epoch, recorded)
+            verified += list(recorded.values())
         replicas = [
             spb.Replica(key=k, offset=h.offset, size=h.size, checksum=h.checksum, tier="dram")
             for k, h in self.inventory.dram() if not h.pending
@@ -106,12 +114,22 @@ class StoreNodeService(spbg.StoreNodeServicer):
                                      segment=self.segment_name,
                                      base_addr=self.segment.base_addr, size=self.segment.size)
 
-    def _verified(self, pending: list[tuple[bytes, Held]]) -> list[tuple[bytes, Held]]:
+    def _verified(self, pending: list[tuple[bytes, Held]], epoch: int,
+                  ) -> tuple[list[tuple[bytes, Held]], dict[bytes, tuple[bytes, Held]]]:
+        """The intents whose bytes verify; and, for the placeholders of leaders older than
+        `epoch`, the key and entry their intact put record names (kvstore/put_record.py)."""
         out = []
+        recorded: dict[bytes, tuple[bytes, Held]] = {}
         size = self.segment.size
         for key, held in pending:
             end = held.offset + held.size
             if held.size == 0 or end > size:
+                continue
+            if held.record:
+                if held.pending < epoch:
+                    found = self._recorded(key, held)
+                    if found is not None:
+                        recorded[key] = found
                 continue
             view = self.segment.view[held.offset:end]
             try:
@@ -119,7 +137,24 @@ class StoreNodeService(spbg.StoreNodeServicer):
                     out.append((key, held))
             finally:
                 view.release()
-        return out
+        return out, recorded
+
+    def _recorded(self, placeholder: bytes, held: Held) -> tuple[bytes, Held] | None:
+        end = held.offset + held.size
+        room = self.segment.view[end:min(end + MAX_RECORD_BYTES, self.segment.size)]
+        try:
+            rec = put_record.resolve(room, placeholder, held.size)
+        finally:
+            room.release()
+        if rec is None:
+            return None
+        view = self.segment.view[held.offset:end]
+        try:
+            if not matches(view, rec.checksum):
+                return None
+        finally:
+            view.release()
+        return rec.key, Held(held.offset, held.size, rec.checksum)
 
     async def Move(self, request: spb.MoveRequest, context: Any) -> spb.MoveResponse:
         if not self.inventory.admit_epoch(request.epoch):

@@ -30,20 +30,22 @@ class CodesResponse(_message.Message):
     def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., codes: _Optional[_Iterable[_Union[_common_pb2.Code, str]]] = ..., messages: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PutStartRequest(_message.Message):
-    __slots__ = ("keys", "sizes", "checksums", "replicas", "writer", "ahead")
+    __slots__ = ("keys", "sizes", "checksums", "replicas", "writer", "ahead", "record_room")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
     CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     WRITER_FIELD_NUMBER: _ClassVar[int]
     AHEAD_FIELD_NUMBER: _ClassVar[int]
+    RECORD_ROOM_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     sizes: _containers.RepeatedScalarFieldContainer[int]
     checksums: _containers.RepeatedScalarFieldContainer[int]
     replicas: int
     writer: str
     ahead: bool
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., replicas: _Optional[int] = ..., writer: _Optional[str] = ..., ahead: _Optional[bool] = ...) -> None: ...
+    record_room: int
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., replicas: _Optional[int] = ..., writer: _Optional[str] = ..., ahead: _Optional[bool] = ..., record_room: _Optional[int] = ...) -> None: ...
 
 class PutStartItem(_message.Message):
     __slots__ = ("code", "message", "locations", "placement")
@@ -58,30 +60,34 @@ class PutStartItem(_message.Message):
     def __init__(self, code: _Optional[_Union[_common_pb2.Code, str]] = ..., message: _Optional[str] = ..., locations: _Optional[_Iterable[_Union[_common_pb2.Location, _Mapping]]] = ..., placement: _Optional[int] = ...) -> None: ...
 
 class PutStartResponse(_message.Message):
-    __slots__ = ("error", "epoch", "items", "put_timeout")
+    __slots__ = ("error", "epoch", "items", "put_timeout", "record_room")
     ERROR_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     PUT_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    RECORD_ROOM_FIELD_NUMBER: _ClassVar[int]
     error: _common_pb2.Error
     epoch: int
     items: _containers.RepeatedCompositeFieldContainer[PutStartItem]
     put_timeout: float
-    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., items: _Optional[_Iterable[_Union[PutStartItem, _Mapping]]] = ..., put_timeout: _Optional[float] = ...) -> None: ...
+    record_room: int
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., items: _Optional[_Iterable[_Union[PutStartItem, _Mapping]]] = ..., put_timeout: _Optional[float] = ..., record_room: _Optional[int] = ...) -> None: ...
 
 class PutCommitRequest(_message.Message):
-    __slots__ = ("placeholders", "keys", "sizes", "checksums", "writer")
+    __slots__ = ("placeholders", "keys", "sizes", "checksums", "writer", "records")
     PLACEHOLDERS_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
     CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     WRITER_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
     placeholders: _containers.RepeatedScalarFieldContainer[bytes]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     sizes: _containers.RepeatedScalarFieldContainer[int]
     checksums: _containers.RepeatedScalarFieldContainer[int]
     writer: str
-    def __init__(self, placeholders: _Optional[_Iterable[bytes]] = ..., keys: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., writer: _Optional[str] = ...) -> None: ...
+    records: bool
+    def __init__(self, placeholders: _Optional[_Iterable[bytes]] = ..., keys: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., writer: _Optional[str] = ..., records: _Optional[bool] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
     __slots__ = ("keys", "lease_ttl", "holder")

@@ -40,20 +40,22 @@ class MoveResponse(_message.Message):
     def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., codes: _Optional[_Iterable[_Union[_common_pb2.Code, str]]] = ...) -> None: ...
 
 class Replica(_message.Message):
-    __slots__ = ("key", "offset", "size", "checksum", "tier", "pending")
+    __slots__ = ("key", "offset", "size", "checksum", "tier", "pending", "record")
     KEY_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
     key: bytes
     offset: int
     size: int
     checksum: int
     tier: str
     pending: bool
-    def __init__(self, key: _Optional[bytes] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., tier: _Optional[str] = ..., pending: _Optional[bool] = ...) -> None: ...
+    record: bool
+    def __init__(self, key: _Optional[bytes] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., tier: _Optional[str] = ..., pending: _Optional[bool] = ..., record: _Optional[bool] = ...) -> None: ...
 
 class Change(_message.Message):
     __slots__ = ("replica", "drop")

@@ -15,6 +15,7 @@ import signal
 import grpc
 import pytest
 
+from kvstore import put_record
 from kvstore.checksum import checksum
 from kvstore.coord.etcd import read_prefix_sync
 from kvstore.coord.layout import Layout, NodeRecord
@@ -111,6 +112,64 @@ def test_a_put_acknowledged_on_its_intent_alone_survives_the_leader(
             end = master.PutEnd(pb.KeysRequest(keys=[b"x"], writer="t"), timeout=10)
             assert not end.error.code, end.error.message
             assert list(end.codes) == [Code.OK]
+            c.masters[0][0].kill(signal.SIGKILL)
+        finally:
+            node.kill(signal.SIGCONT)
+    local.close()
+    wait_for_leader(c, b)
+    c.wait_nodes(2, address=b)
+    with KVStoreClient(etcd=c.etcd, timeout=15) as client:
+        assert client.get(b"x") == data
+
+
+def test_a_one_call_put_acknowledged_on_its_record_survives_the_leader(
+        cluster_factory: Cluster) -> None:
+    """The same window for a one-call put (PutCommit into space started ahead): the
+    client wrote the put record after the value (kvstore/put_record.py), so PutCommit's
+    OK waits only for the placeholder's intent, landed long before; the node is frozen
+    with an Apply in flight, so the commit is still queued at the leader when it dies,
+    and the new leader must find the key through the placeholder's intent and its
+    record."""
+    c = cluster_factory
+    a, b = two_masters(c)
+    data = bytes(range(256)) * 64
+    procs = {f"node-{i}": p for i, p in enumerate(c.stores)}
+    local = LocalSegments(c.etcd, Layout())
+    placeholder, room = b"~put/t/1", put_record.room_for(len(b"x"))
+    with grpc.insecure_channel(a) as channel:
+        master = pbg.MasterStub(channel)
+        start = master.PutStart(pb.PutStartRequest(
+            keys=[placeholder], sizes=[len(data)], checksums=[0], replicas=1, writer="t",
+            ahead=True, record_room=room), timeout=10)
+        assert start.record_room == room
+        (item,) = start.items
+        assert item.code == Code.OK, item.message
+        (loc,) = item.locations
+        seg = local.get(loc.segment, loc.node_id)
+        assert seg is not None, "the test needs the same-host path"
+        rec = put_record.encode(placeholder, b"x", len(data), checksum(data), start.epoch)
+        buf = ctypes.create_string_buffer(data + rec, len(data) + len(rec))
+        seg.write(loc.addr, ctypes.addressof(buf), len(data) + len(rec))
+        node = procs[loc.node_id]
+        # A plain put on every node acknowledged: its intents, queued after the
+        # placeholder's, have landed, so the placeholder's has too.
+        probe = master.PutStart(pb.PutStartRequest(
+            keys=[b"probe"], sizes=[1], checksums=[1], replicas=2, writer="t"), timeout=10)
+        assert probe.items[0].code == Code.OK
+        assert loc.node_id in {p.node_id for p in probe.items[0].locations}
+        done = master.PutEnd(pb.KeysRequest(keys=[b"probe"], writer="t"), timeout=10)
+        assert not done.error.code, done.error.message
+        node.kill(signal.SIGSTOP)
+        try:
+            other = master.PutStart(pb.PutStartRequest(
+                keys=[b"y"], sizes=[len(data)], checksums=[1], replicas=1, writer="t"),
+                timeout=10)
+            assert other.items[0].code == Code.OK
+            commit = master.PutCommit(pb.PutCommitRequest(
+                placeholders=[placeholder], keys=[b"x"], sizes=[len(data)],
+                checksums=[checksum(data)], writer="t", records=True), timeout=10)
+            assert not commit.error.code, commit.error.message
+            assert list(commit.codes) == [Code.OK]
             c.masters[0][0].kill(signal.SIGKILL)
         finally:
             node.kill(signal.SIGCONT)

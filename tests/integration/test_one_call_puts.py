@@ -42,6 +42,8 @@ def test_one_control_call_per_put_and_nothing_left_behind(cluster: Cluster, same
         # The first two batches went the plain way (placeholders are asked for sizes the
         # previous put had too); the two after them into placeholders.
         assert a.stats.one_call_puts == 2 * N and a.stats.puts == 4 * N
+        # Each with its put record: acknowledged without waiting for a store node.
+        assert a.stats.recorded_puts == 2 * N
         # DEPTH batches' worth of placeholders is held (PENDING, invisible to readers).
         assert _placeholders(cluster) == DEPTH * N
         with KVStoreClient(etcd=cluster.etcd, same_host=False, placement_memory=0) as b:
@@ -52,7 +54,7 @@ def test_one_control_call_per_put_and_nothing_left_behind(cluster: Cluster, same
         # Single puts too (a shape of its own).
         for i in range(3):
             a.put(f"single-{i}".encode(), bytes([i]) * 5000)
-        assert a.stats.one_call_puts == 2 * N + 1
+        assert a.stats.one_call_puts == a.stats.recorded_puts == 2 * N + 1
         assert a.get(b"single-2") == bytes([2]) * 5000
     # Closing revoked them all.
     assert _placeholders(cluster) == 0
@@ -109,6 +111,7 @@ def test_async_puts_commit_in_one_call(cluster: Cluster) -> None:
                 await asyncio.sleep(0.05)  # the refill, a task of its own, lands
             for keys, values in batches:
                 assert await a.get_many(keys) == values
+            assert a.stats.recorded_puts == a.stats.one_call_puts
             return a.stats.one_call_puts
 
     assert asyncio.run(main()) == N  # the first two batches went the plain way

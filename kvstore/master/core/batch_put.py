@@ -53,6 +53,7 @@ class BatchPut:
         now: float,
         deadline: float,
         largest: int,
+        room: int = 0,
     ) -> tuple[list[PutStartResult | None], bool] | None:
         """put_start of a whole batch with a few allocator calls per segment instead of
         one per replica; None, having changed nothing, when it cannot promise exactly
@@ -70,7 +71,9 @@ class BatchPut:
         segment are those of the same sequence of best-fit allocations
         (ExtentAllocator.allocate_run). Keys that place nothing (invalid, repeated,
         already there, too large) are left to put_one, which changes no space for them.
-        Quotas (which may evict per key) always take the general path.
+        Quotas (which may evict per key) always take the general path. `room`: bytes
+        set aside after each value (a placeholder's record room, put_start(ahead=True)
+        only, which never falls back to put_each).
         """
         state = self._state
         dram = state.dram
@@ -105,7 +108,7 @@ class BatchPut:
             if not new_at:
                 return None
         # 2. Which segments each new object would get, and whether it surely fits.
-        asizes = [(z + mask) & ~mask for z in new_sizes]
+        asizes = [(z + room + mask) & ~mask for z in new_sizes]
         nseg = len(dram)
         # flat[j * want + r]: the index in dram of new object j's replica r (None: all
         # on dram[0], the only segment).
@@ -203,6 +206,8 @@ class BatchPut:
             for s, rest in zip(slots, extras, strict=True):
                 if rest:
                     extra[s] = rest
+        if room:
+            t.room.update(zip(slots, repeat(room)))
         # A PendingWrite never changes: the objects of one batch can share one.
         t.pending.update(zip(slots, repeat(PendingWrite(writer, deadline))))
         made: list[PutStartResult] = []

@@ -160,6 +160,7 @@ class MasterCore:
         replicas: int | None = None,
         writer: str = "",
         ahead: bool = False,
+        record_room: int = 0,
     ) -> list[PutStartResult]:
         """Allocate space for new objects (PENDING, invisible to readers).
 
@@ -167,7 +168,9 @@ class MasterCore:
         put_commit). It is only ever taken from free space: never by evicting, demoting
         or waiting, never past the eviction watermark or AHEAD_SHARE of the pool in
         PENDING space, and not where quotas apply; otherwise every key is refused
-        (STORE_FULL) and nothing changes.
+        (STORE_FULL) and nothing changes. `record_room` (ahead only, at most
+        MAX_RECORD_ROOM): bytes each replica also holds after the value, for the put
+        record its writer appends (kvstore/put_record.py); the object keeps them.
 
         `replicas` None or 0 means config.default_replicas; it is best effort: fewer
         nodes, or no room on enough distinct nodes, gives fewer (never zero) replicas.
@@ -175,7 +178,8 @@ class MasterCore:
         STORE_FULL when pinned and PENDING objects leave no room.
         A repeated key in the batch gets the first occurrence's result.
         """
-        return self._writes.put_start(keys, sizes, checksums, replicas, writer, ahead)
+        return self._writes.put_start(keys, sizes, checksums, replicas, writer, ahead,
+                                      record_room)
 
     def put_end(self, keys: Sequence[bytes], writer: str = "") -> list[Code]:
         """Commit PENDING objects: OK; NOT_FOUND when not PENDING (never started,

@@ -109,7 +109,7 @@ class Membership:
                 gone_size += t.size[s]
                 state.drop(s, gone=by_id)
                 continue
-            state.set_replicas(s, keep, state.footprint(keep, t.size[s]),
+            state.set_replicas(s, keep, state.footprint(keep, t.extent(s)),
                                demoting=self._demoting(s))
         if gone:
             state.events.emit(Event(EventKind.NODE_LOST, gone, gone_size, node_id))
@@ -154,12 +154,14 @@ class Membership:
             for h in handles:
                 if h >> OFFSET_BITS == seg.seg_id:
                     return Code.OK if h == handle else Code.INVALID_ARGUMENT
-            if not seg.take_at(offset, size):
+            # Every DRAM replica of an object spans its extent (value and record room).
+            extent = t.extent(s)
+            if not seg.take_at(offset, extent):
                 return Code.INVALID_ARGUMENT
             # A demotion in flight frees all the object's DRAM when it ends, this replica
             # too (finish_tier_move ends it with the object's space): count it there.
             state.set_replicas(s, (*handles, handle),
-                               t.space[s] + state.footprint((handle,), size),
+                               t.space[s] + state.footprint((handle,), extent),
                                demoting=self._demoting(s))
             return Code.OK
         if not seg.take_at(offset, size):
@@ -246,10 +248,10 @@ class Membership:
         """Free the replicas of unpinned COMPLETE object s that are not in `keep`."""
         state = self._state
         t = self._t
-        size = t.size[s]
         key = t.key_of[s]
         dropped = tuple(h for h in t.handles(s) if h not in keep)
         if state.journal is not None and key is not None:
             state.journal_replicas(s, key, False, dropped)
-        state.free_replicas(dropped, size)
-        state.set_replicas(s, keep, state.footprint(keep, size))
+        extent = t.extent(s)
+        state.free_replicas(dropped, extent)
+        state.set_replicas(s, keep, state.footprint(keep, extent))

@@ -73,6 +73,7 @@ class ObjectTable:
         "pins",
         "placed",
         "placements",
+        "room",
         "size",
         "space",
         "touched",
@@ -96,6 +97,9 @@ class ObjectTable:
         self.touched = array("d", [0.0])
         # Replicas beyond the first, only for the objects that have them.
         self.extra: dict[int, tuple[int, ...]] = {}
+        # Bytes each DRAM replica holds after the value (a put record's room, see
+        # kvstore/put_record.py), only for the objects that have them.
+        self.room: dict[int, int] = {}
         # PENDING objects in start order: deadlines are start + put_timeout, so the
         # oldest come first and reclaiming stops at the first one still in time.
         self.pending: dict[int, PendingWrite] = {}
@@ -270,6 +274,11 @@ class ObjectTable:
                     usage[pref] += z
         return out
 
+    def extent(self, s: int) -> int:
+        """The bytes each of object s's DRAM replicas took from its allocator: the value
+        and the record room after it."""
+        return self.size[s] + self.room.get(s, 0)
+
     def rename(self, s: int, key: bytes) -> None:
         """Index the object in slot s under `key` instead (not indexed yet); its bytes
         move to the new key's tenant in the usage counts."""
@@ -301,6 +310,7 @@ class ObjectTable:
         self.phase[s] = GONE
         self.gen[s] = (self.gen[s] + 1) & _GEN_MASK
         self.extra.pop(s, None)
+        self.room.pop(s, None)
         self.pending.pop(s, None)
         self._free_slots.append(s)
 

@@ -454,9 +454,9 @@ class CoreState:
             deadline = pw.deadline if pw is not None else self._hold_deadline()
             tag = (put_tag(key, pw.writer if pw else "") if until is Until.WRITER
                    else timeout_tag(key))
-            self.hold_replicas(t.handles(s), size, tag, deadline, gone)
+            self.hold_replicas(t.handles(s), t.extent(s), tag, deadline, gone)
         else:
-            self.free_replicas(t.handles(s), size, frees)
+            self.free_replicas(t.handles(s), t.extent(s), frees)
         move = self.moves.pop(s, None)
         if move is not None:
             if key is not None:

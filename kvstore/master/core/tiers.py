@@ -170,7 +170,8 @@ class Tiers:
         if code == Code.OK and dest is not None:
             if state.journal is not None:
                 state.journal_replicas(s, move.key, False)
-            state.free_replicas(t.handles(s), size)
+            state.free_replicas(t.handles(s), t.extent(s))
+            t.room.pop(s, None)  # the new copy was allocated for the value alone
             state.set_replicas(s, (m.dest,), state.footprint((m.dest,), size))
             if state.journal is not None:
                 state.journal_replicas(s, move.key, True)

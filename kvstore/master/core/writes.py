@@ -32,6 +32,8 @@ from .tiers import Tiers
 # stays under this share of the DRAM pool: a client's pool of placeholders must never
 # crowd out the writes themselves on a small store.
 AHEAD_SHARE = 0.25
+# The most record room a placeholder may ask for: a record of the longest key fits.
+MAX_RECORD_ROOM = 2048
 
 
 def writer_may(owner: str, writer: str) -> bool:
@@ -61,6 +63,7 @@ class Writes:
         replicas: int | None,
         writer: str,
         ahead: bool,
+        record_room: int = 0,
     ) -> list[PutStartResult]:
         """MasterCore.put_start."""
         state = self._state
@@ -71,6 +74,10 @@ class Writes:
                 f"{len(sizes)} sizes, {len(checksums)} checksums"
             )
         state.check_batch(n)
+        if record_room and (not ahead or not 0 < record_room <= MAX_RECORD_ROOM):
+            raise InvalidArgument(
+                f"record_room is for placeholders (ahead) and at most {MAX_RECORD_ROOM} "
+                f"bytes, got {record_room} (ahead={ahead})")
         config = state.config
         want = replicas if replicas else config.default_replicas
         if not 1 <= want <= config.max_replicas:
@@ -83,7 +90,8 @@ class Writes:
         largest = max((s.alloc.capacity for s in dram), default=0)
         deadline = now + config.put_timeout
         if ahead:
-            return self.put_ahead(keys, sizes, checksums, want, writer, now, deadline, largest)
+            return self.put_ahead(keys, sizes, checksums, want, writer, now, deadline, largest,
+                                  record_room)
         batch = self.batch.put(keys, sizes, checksums, want, writer, now, deadline, largest)
         if batch is None:
             results = self.put_each(keys, sizes, checksums, want, writer, now, deadline, largest)
@@ -104,18 +112,20 @@ class Writes:
         now: float,
         deadline: float,
         largest: int,
+        room: int = 0,
     ) -> list[PutStartResult]:
         """put_start(ahead=True): all of the batch from free space, or none of it."""
         state = self._state
         mask = state.align_mask
         ints = all(map(is_size, sizes))
-        need = sum((z + mask) & ~mask for z in sizes) * want if ints else 0
+        need = sum((z + room + mask) & ~mask for z in sizes) * want if ints else 0
         cap = state.pool_capacity
         batch = None
         if ints and cap and state.ledger.pending + need <= AHEAD_SHARE * cap \
                 and state.pool_used() + need <= state.config.evict_high * cap:
             # The batch path places only what surely fits: it never evicts and never refuses.
-            batch = self.batch.put(keys, sizes, checksums, want, writer, now, deadline, largest)
+            batch = self.batch.put(keys, sizes, checksums, want, writer, now, deadline, largest,
+                                   room)
         if batch is None:
             refused = PutStartResult(Code.STORE_FULL, [], message="no free space to start "
                                      "ahead; put the values the usual way")
