@@ -9,17 +9,22 @@ import io
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kvstore.admin.output import ProgressBar
 from kvstore.checksum import checksum
 from kvstore.errors import Code, InvalidArgument, StoreFull, Unavailable
+from kvstore.master.core import EventKind
+from kvstore.master.core.writes import AHEAD_TIMEOUT
 from kvstore.security.credentials import Credentials
 from kvstore.store.inventory import Held
 from kvstore.store.shutdown import flush_to_ssd
 from kvstore.store.ssd import SsdTier
 from kvstore.v1 import master_pb2 as pb
+from kvstore_client import reservations
+from kvstore_client.clock import ManualClock
 from kvstore_client.control import backoff
 from tests.unit.test_client_clock import ClockRig
 from tests.unit.test_client_data_path import small_thresholds
@@ -245,3 +250,90 @@ def test_only_the_keys_without_a_node_are_asked_again(clock_rig: ClockRig) -> No
     errs = rig.client.put_many([b"now", b"late", b"full"], [b"1" * 10, b"2" * 10, b"3" * 10])
     assert errs[0] is None and errs[1] is None and isinstance(errs[2], StoreFull)
     assert asked == [[b"now", b"late", b"full"], [b"late"], [b"late"]]
+
+
+# ------------------------------------------------------------------ placeholders left behind
+
+W = "writer-1"
+
+
+def _ahead(core: Any, keys: list[bytes], size: int = 1024) -> list[Any]:
+    rs = core.put_start(keys, [size] * len(keys), [0] * len(keys), None, W, ahead=True)
+    assert [r.code for r in rs] == [Code.OK] * len(keys)
+    return rs
+
+
+def test_placeholders_a_writer_left_are_reclaimed_at_the_ahead_timeout() -> None:
+    """A client that went quiet (or lost its pool to a failover's retries) never
+    revokes its placeholders; with a long put timeout they stayed PENDING all that
+    while. They go at AHEAD_TIMEOUT; a plain put started with them stays PENDING."""
+    core, clock = make(put_timeout=600.0)
+    assert core.put_timeout(ahead=True) == AHEAD_TIMEOUT < core.put_timeout() == 600.0
+    holders = [b"~put/w/1", b"~put/w/2"]
+    _ahead(core, holders)
+    clock.advance(1.0)
+    core.put_start([b"plain"], [1024], [5], None, W)  # written by a live put
+    _ahead(core, [b"~put/w/3"])
+    clock.advance(AHEAD_TIMEOUT - 1.0 - 1e-6)
+    core.tick()
+    assert core.stats().objects_pending == 4
+    clock.advance(2e-6)
+    core.tick()
+    assert core.stats().objects_pending == 2  # the two granted first
+    events = [e for e in core.take_events() if e.kind is EventKind.RECLAIMED]
+    assert [sorted(e.keys) for e in events] == [holders]
+    clock.advance(1.0)
+    core.tick()
+    assert core.stats().objects_pending == 1
+    assert core.inspect(b"plain") is not None and core.put_end([b"plain"], W) == [Code.OK]
+    # Its writer finding it gone puts the value the plain way (kvstore_client.puts).
+    assert core.put_commit([holders[0]], [b"k"], [1024], [9], W) == [Code.NOT_FOUND]
+
+
+def test_a_reclaimed_placeholders_range_waits_for_its_writer() -> None:
+    """Reclaimed early, a placeholder's range is held as long as a PENDING one's was:
+    until its writer's next call for it (here the revoke of a client that finds it past
+    its age) or the put timeout. A late write then lands nowhere in use."""
+    core, clock = make(put_timeout=600.0)
+    [r] = _ahead(core, [b"~put/w/1"], size=4096)
+    clock.advance(AHEAD_TIMEOUT)
+    core.tick()
+    assert core.stats().objects_pending == 0
+    assert core.eviction_stats().pool_used == 4096  # still allocated: held
+    for i in range(50):  # nothing placed there meanwhile
+        [other] = core.put_start([b"o%d" % i], [4096], [5], None, "another")
+        assert other.code == Code.OK and other.locations[0].addr != r.locations[0].addr
+    assert core.put_revoke([b"~put/w/1"], W) == [Code.NOT_FOUND]
+    assert core.eviction_stats().pool_used == 50 * 4096  # given back
+
+
+def test_a_short_put_timeout_bounds_placeholders_too() -> None:
+    core, clock = make(put_timeout=4.0)
+    assert core.put_timeout(ahead=True) == 4.0
+    _ahead(core, [b"~put/w/1"])
+    clock.advance(4.0)
+    core.tick()
+    assert core.stats().objects_pending == 0
+
+
+def test_the_put_start_reply_says_how_long_a_placeholder_is_kept() -> None:
+    """The client writes a placeholder only in the first half of the reply's
+    put_timeout (kvstore_client.reservations): for space started ahead that is the
+    ahead timeout, so it has used it or given it up long before the master drops it."""
+    from kvstore.master.metrics import MasterMetrics
+    from kvstore.master.service import MasterService
+    from tests.unit.test_core_put_commit import Leader
+
+    core, _ = make(put_timeout=600.0)
+    service = MasterService(core, Leader(), MasterMetrics())
+    ahead = service.handle("PutStart", pb.PutStartRequest(
+        keys=[b"~put/w/1"], sizes=[10], checksums=[0], writer=W, ahead=True))
+    plain = service.handle("PutStart", pb.PutStartRequest(
+        keys=[b"k"], sizes=[10], checksums=[5], writer=W))
+    assert (ahead.put_timeout, plain.put_timeout) == (AHEAD_TIMEOUT, 600.0)
+    clock = ManualClock()
+    rs = reservations.Reservations(W, clock=clock)
+    sent = clock.now()
+    rs.granted([(b"~put/w/1", 10)], 0, ahead, sent)
+    [r] = rs.take([10], 0, ahead.epoch) or []
+    assert r.usable_until - sent <= AHEAD_TIMEOUT / 2
