@@ -15,7 +15,7 @@ from typing import Any
 from kvstore.coord.layout import Layout
 from kvstore.security.credentials import Credentials
 from kvstore_client.control import Transport, check_transport
-from kvstore_client.state import DEFAULT_PLACEMENTS, DEFAULT_RESERVE, ClientState
+from kvstore_client.state import DEFAULT_PLACEMENTS, DEFAULT_RESERVE, DEFAULT_TIMEOUT, ClientState
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,13 +24,14 @@ class ClientOptions:
 
     `etcd` finds the leader (its record says which channel to use); `master` instead
     names masters ("h1:50051,h2:50051" or a DNS name), asked who leads, so that the
-    client needs no access to etcd (kvstore_client.discovery). `timeout` bounds each call, retries
-    included, and each transfer batch. `replicas`: copies per object (0: the master's
-    default). `buffer_size`: the staging buffer for put_many/get_many (it grows for a
-    larger object). `host`, `protocol`, `device`: the Transfer Engine's. `same_host`:
-    copy with memcpy into a store node on this host. `transport`: "fast" or "grpc"
-    (default: $KVSTORE_TRANSPORT, else fast). `token`, `tls_*`: credentials (see
-    the README's security section). `placement_memory`: objects whose placement is remembered for
+    client needs no access to etcd (kvstore_client.discovery). `timeout` bounds each
+    call, retries included (a put waits that long for a store node to mount), and each
+    transfer batch. `replicas`: copies per object (0: the master's default).
+    `buffer_size`: the staging buffer for put_many/get_many (it grows for a larger
+    object). `host`, `protocol`, `device`: the Transfer Engine's. `same_host`: copy with
+    memcpy into a store node on this host. `transport`: "fast" or "grpc" (default:
+    $KVSTORE_TRANSPORT, else fast). `token`, `tls_*`: credentials (see the README's
+    security section). `placement_memory`: objects whose placement is remembered for
     early reads (0: none); `reserve_bytes`: space started ahead for one-call puts (0:
     none); see docs/client-internals.md.
     """
@@ -38,7 +39,7 @@ class ClientOptions:
     etcd: str = "127.0.0.1:2379"
     master: str | None = None
     cluster: str = "default"
-    timeout: float = 10.0
+    timeout: float = DEFAULT_TIMEOUT
     replicas: int = 0
     buffer_size: int = 64 << 20
     host: str = "127.0.0.1"

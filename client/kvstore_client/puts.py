@@ -24,6 +24,7 @@ from kvstore.put_record import encode as encode_record
 from kvstore.put_record import record_bytes, room_for
 from kvstore.v1 import master_pb2 as pb
 from kvstore_client.buffers import Dest, byte_view, checked_keys
+from kvstore_client.control import backoff
 from kvstore_client.datapath import Plan, Target, Ticket, Xfer
 from kvstore_client.reservations import Reservations, Reserved
 from kvstore_client.state import ClientState
@@ -265,11 +266,12 @@ def _put_once(st: ClientState, keys: list[bytes], srcs: list[Dest],
     inflight: list[tuple[_Started, Ticket | None]] = []
     if dead is None:
         dead = {}  # nodes that failed a group: later groups skip them
+    deadline = st.now() + st.timeout  # for waiting until a store node can take the put
     try:
         for lo, hi in st.pipelined([d.view.nbytes for d in srcs]):
             if fill is not None:
                 fill(lo, hi)
-            group, plan = yield from _put_start(st, keys, srcs, lo, hi, results)
+            group, plan = yield from _put_start(st, keys, srcs, lo, hi, results, deadline)
             ticket = (yield Start(plan, write=True, dead=dead)) if plan else None
             inflight.append((group, ticket))
             if len(inflight) > 1:
@@ -298,9 +300,11 @@ class _Started:
 
 
 def _put_start(st: ClientState, keys: list[bytes], srcs: list[Dest], lo: int, hi: int,
-               results: list[KVStoreError | None]) -> Flow[tuple[_Started, Plan]]:
-    """PutStart for keys[lo:hi] (asking again while the master answers BUSY); the group
-    and the plan that writes it."""
+               results: list[KVStoreError | None],
+               deadline: float) -> Flow[tuple[_Started, Plan]]:
+    """PutStart for keys[lo:hi] (asking again while the master answers BUSY, and while
+    no store node can take them until `deadline`); the group and the plan that writes
+    it."""
     sizes = [d.view.nbytes for d in srcs[lo:hi]]
     sums = [checksum(d.view) for d in srcs[lo:hi]]
     reply = yield Rpc("PutStart", pb.PutStartRequest(
@@ -308,6 +312,20 @@ def _put_start(st: ClientState, keys: list[bytes], srcs: list[Dest], lo: int, hi
         writer=st.writer_id))
     items = list(reply.items)
     epoch = reply.epoch
+
+    def ask_again(which: list[int]) -> Flow[None]:
+        nonlocal reply, epoch
+        again = yield Rpc("PutStart", pb.PutStartRequest(
+            keys=[keys[lo + j] for j in which], sizes=[sizes[j] for j in which],
+            checksums=[sums[j] for j in which], replicas=st.replicas, writer=st.writer_id))
+        for j, item in zip(which, again.items, strict=True):
+            items[j] = item
+        # Placements are only compared within one epoch: a retry answered by a new
+        # leader makes the earlier answers' placements unknown.
+        if again.epoch != reply.epoch:
+            reply = again
+            epoch = 0
+
     # BUSY: the master is demoting objects to SSD to make room; ask again shortly.
     budget = st.now() + BUSY_BUDGET
     # Demotions free DRAM within a few ms: ask again soon rather than doubling towards
@@ -317,17 +335,20 @@ def _put_start(st: ClientState, keys: list[bytes], srcs: list[Dest], lo: int, hi
     while busy and st.now() < budget:
         yield Wait(delay)
         delay = min(delay * 1.5, 0.02)
-        again = yield Rpc("PutStart", pb.PutStartRequest(
-            keys=[keys[lo + j] for j in busy], sizes=[sizes[j] for j in busy],
-            checksums=[sums[j] for j in busy], replicas=st.replicas, writer=st.writer_id))
-        for j, item in zip(busy, again.items, strict=True):
-            items[j] = item
+        yield from ask_again(busy)
         busy = [j for j in busy if items[j].code == Code.BUSY]
-        # Placements are only compared within one epoch: a retry answered by a new
-        # leader makes the earlier answers' placements unknown.
-        if again.epoch != reply.epoch:
-            reply = again
-            epoch = 0
+    # UNAVAILABLE: no store node has mounted yet (a cluster starting, every node
+    # restarting) or none answers the master; retryable, so the put waits for one
+    # within the client's timeout, as a control call waits for a leader, rather than
+    # failing a program started a moment before its nodes. StoreFull and the rest are
+    # answers, not waited out.
+    waiting = [j for j, item in enumerate(items) if item.code == Code.UNAVAILABLE]
+    attempt = 0
+    while waiting and (left := deadline - st.now()) > 0:
+        yield Wait(backoff(attempt, left))
+        attempt += 1
+        yield from ask_again(waiting)
+        waiting = [j for j in waiting if items[j].code == Code.UNAVAILABLE]
     plan: Plan = defaultdict(list)
     started: list[int] = []
     for j, item in enumerate(items):

@@ -31,6 +31,7 @@ from kvstore_client.stats import ClientStats
 
 DEFAULT_PLACEMENTS = DEFAULT_CAPACITY  # objects whose placement a client remembers
 DEFAULT_RESERVE = DEFAULT_BUDGET  # bytes of space a client starts ahead for its puts
+DEFAULT_TIMEOUT = 10.0  # seconds: ClientOptions.timeout's default
 
 
 @dataclass
@@ -92,8 +93,12 @@ class ClientState(DataPath):
 
     def __init__(self, transfer: Transfer, staging: Staging, local: LocalSegments,
                  writer_id: str, replicas: int, placements: Placements | None = None,
-                 reserve_bytes: int = 0, clock: Clock = MONOTONIC) -> None:
+                 reserve_bytes: int = 0, clock: Clock = MONOTONIC,
+                 timeout: float = DEFAULT_TIMEOUT) -> None:
         super().__init__(transfer, local, ClientStats(), clock)
+        # The client's `timeout` (ClientOptions): what a flow that waits for the cluster
+        # itself (a put while no store node has mounted) may spend of one call.
+        self.timeout = timeout
         self.placements = placements if placements is not None else Placements(clock=clock)
         self.reservations = (Reservations(writer_id, reserve_bytes, clock=clock)
                              if reserve_bytes else None)
@@ -130,7 +135,8 @@ class ClientState(DataPath):
         transfer = Transfer(host, protocol, device, timeout=timeout)
         return cls(transfer, Staging(transfer, buffer_size),
                    LocalSegments(etcd, layout, enabled=same_host), uuid.uuid4().hex, replicas,
-                   Placements(placement_memory, clock=clock), reserve_bytes, clock)
+                   Placements(placement_memory, clock=clock), reserve_bytes, clock,
+                   DEFAULT_TIMEOUT if timeout is None else timeout)
 
     def lease(self, lease_id: int, keys: list[bytes], expires_at: float) -> Lease:
         """A lease on this state's clock."""

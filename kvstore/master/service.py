@@ -292,7 +292,7 @@ class MasterService(pbg.MasterServicer):
                 self._placed = [Placed(k, sums[i], r.locations)
                                 for i, (k, r) in enumerate(zip(keys, results, strict=True))
                                 if r.code == Code.OK and r.locations]
-        reply = pb.PutStartResponse(put_timeout=self.core.config.put_timeout,
+        reply = pb.PutStartResponse(put_timeout=self.core.put_timeout(request.ahead),
                                     record_room=room)
         add = reply.items.add
         for r in results:

@@ -7,7 +7,9 @@ each step in the immediate sequence a person would type it, no pause added:
 - `kvstore drain` empties a node (the mover reads with the admin token, not the
   tenant's, which would prefix the tenant's keys twice);
 - the CLI finds a tenant's key by the name the tenant used;
-- the progress bars print each line once.
+- the progress bars print each line once;
+- a put made before any store node has mounted waits for one (within the client's
+  timeout) and stores.
 
 HOME points at a temporary directory: the user's own ~/.config/kvstore stays untouched.
 The default ports are free in the test's private network namespace.
@@ -21,6 +23,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +31,9 @@ from typing import Any
 import pytest
 
 from kvstore.devcluster import port_is_free
-from tests.conftest import require_private_netns
+from kvstore_client import AsyncKVStoreClient, KVStoreClient
+from tests.conftest import Cluster, require_private_netns
+from tests.unit.polling import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 BANNER_END = "Ctrl-C stops everything."
@@ -190,3 +195,132 @@ def test_the_cli_finds_a_tenants_key_by_its_own_name(dev2: tuple[Path, dict[str,
     assert kv(cwd, env, "inspect", "dev/block-2").returncode == 0
     none = kv(cwd, env, "inspect", "no-such-block")
     assert none.returncode == 1 and "keys are per tenant" in none.stdout
+
+
+# A net for the whole wait (a node started on a loaded host, prefaulting its DRAM): the
+# put returns when the node mounts, long before, and that is what is asserted.
+PATIENT = 600.0
+
+
+def test_a_put_before_any_node_mounted_waits_for_one(cluster_factory: Cluster) -> None:
+    """A master with no store node yet, a put (blocking client) and a put_many (asyncio
+    client) started, then a node: both return OK, and the values read back."""
+    import asyncio
+
+    c = cluster_factory
+    c.start_master()
+    assert not c.status().nodes
+    outcome: dict[str, Any] = {}
+    connected = [threading.Event(), threading.Event()]
+
+    def sync_put() -> None:
+        try:
+            with KVStoreClient(etcd=c.etcd, timeout=PATIENT) as client:
+                connected[0].set()
+                client.put(b"first", b"1" * 1000)
+                outcome["sync"] = client.get(b"first")
+        except Exception as exc:  # the test thread reports whatever it got
+            outcome["sync"] = exc
+
+    async def async_put() -> None:
+        async with AsyncKVStoreClient(etcd=c.etcd, timeout=PATIENT) as client:
+            connected[1].set()
+            outcome["async-put"] = await client.put_many([b"a", b"b"], [b"2" * 500, b"3" * 7])
+            outcome["async"] = await client.get_many([b"a", b"b"])
+
+    def run_async() -> None:
+        try:
+            asyncio.run(async_put())
+        except Exception as exc:  # as above
+            outcome["async"] = exc
+
+    def refused() -> int:
+        failures = json.loads(c.status().counters_json)["put_failures"]
+        return int(failures.get("no_segment", 0))
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (sync_put, run_async)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: all(e.is_set() for e in connected) or bool(outcome),
+               what=lambda: f"both clients connected; got {outcome}; logs:\n{c.logs()}")
+    # Both puts are in flight against a master with no node: refused, waiting, asking
+    # again (eight more refusals take the blocking client alone seconds of backoff).
+    since = refused()
+    wait_until(lambda: refused() >= since + 8,
+               what=lambda: f"the puts asked again; got {outcome}; logs:\n{c.logs()}")
+    assert not outcome, outcome
+    c.start_store("64MiB")
+    wait_until(lambda: "sync" in outcome and "async" in outcome, timeout=PATIENT,
+               what=lambda: f"the puts returned; got {outcome}; logs:\n{c.logs()}")
+    for t in threads:
+        t.join(timeout=60)
+    assert outcome["sync"] == b"1" * 1000
+    assert outcome["async-put"] == [None, None]
+    assert outcome["async"] == [b"2" * 500, b"3" * 7]
+
+
+def test_no_pending_objects_are_left_after_a_failover_under_puts(
+        cluster_factory: Cluster) -> None:
+    """A client putting in a loop (single puts and put_many, so from its pool of space
+    started ahead too) across a leader kill, its retries carrying on, then quiet but
+    open. The masters' put timeout is 600 s: only the ahead timeout (the placeholders
+    the client no longer writes) brings `kvstore status`'s PENDING count to 0. No
+    acknowledged put is lost."""
+    from kvstore_client import KVStoreError
+    from tests.integration.test_failover import ETCD_TTL, leader, value, wait_for_leader
+
+    c = cluster_factory
+    ttl = ("--etcd-lease-ttl", str(ETCD_TTL), "--put-timeout", "600")
+    a = c.start_master(*ttl)
+    c.start_store("128MiB")
+    c.start_store("128MiB")
+    c.wait_nodes(2, address=a)
+    b = c.start_master(*ttl)
+    acked: dict[bytes, bytes] = {}
+    failed: list[str] = []
+    stop = threading.Event()
+
+    with KVStoreClient(etcd=c.etcd, timeout=15) as client:
+        def loop() -> None:
+            i = 0
+            while not stop.is_set():
+                try:
+                    if i % 2:
+                        key = f"one-{i}".encode()
+                        client.put(key, value(i))
+                        acked[key] = value(i)
+                    else:
+                        keys = [f"many-{i}-{j}".encode() for j in range(4)]
+                        values = [value(10 * i + j) for j in range(4)]
+                        errs = client.put_many(keys, values)
+                        acked.update((k, v) for k, v, e in zip(keys, values, errs, strict=True)
+                                     if e is None)
+                        failed.extend(type(e).__name__ for e in errs if e is not None)
+                except KVStoreError as exc:  # a retry that ran out: the loop goes on
+                    failed.append(type(exc).__name__)
+                i += 1
+
+        t = threading.Thread(target=loop, daemon=True)
+        t.start()
+        wait_until(lambda: client.stats.one_call_puts >= 100,
+                   what="puts into space started ahead before the kill")
+        c.masters[0][0].kill(signal.SIGKILL)
+        wait_for_leader(c, b)
+        c.wait_nodes(2, address=b, timeout=60)
+        since = len(acked)
+        wait_until(lambda: len(acked) >= since + 100,
+                   what=lambda: f"puts through the new leader; logs:\n{c.logs()}")
+        stop.set()
+        t.join(timeout=60)
+        assert not t.is_alive(), "a put hung"
+        assert leader(c)[0] == b and client.stats.one_call_puts >= 100
+        # The client is quiet but open: nothing of it may stay PENDING.
+        wait_until(lambda: c.status(b).objects_pending == 0, timeout=PATIENT,
+                   what=lambda: f"no PENDING objects left (now "
+                                f"{c.status(b).objects_pending}); logs:\n{c.logs()}")
+        with KVStoreClient(etcd=c.etcd, timeout=15) as reader:
+            keys = list(acked)
+            got = reader.get_many(keys)
+        lost = [k for k, g in zip(keys, got, strict=True) if g != acked[k]]
+        assert not lost, f"{len(lost)}/{len(keys)} acknowledged puts lost: {lost[:5]}"
+        print(f"{len(acked)} acknowledged puts, {len(failed)} failed: {set(failed)}")

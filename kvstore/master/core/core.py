@@ -152,6 +152,12 @@ class MasterCore:
 
     # ------------------------------------------------------------------ writes
 
+    def put_timeout(self, ahead: bool = False) -> float:
+        """Seconds a PENDING object started now stays so before it is reclaimed: the
+        put timeout, or for space started ahead the shorter AHEAD_TIMEOUT (writes.py);
+        a writer writes it only in the first half of that."""
+        return self._writes.ahead_timeout() if ahead else self.config.put_timeout
+
     def put_start(
         self,
         keys: Sequence[bytes],

@@ -9,6 +9,7 @@ keeps the writer-ownership rule (writer_may). The batch fast path is batch_put.p
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 
 from kvstore.errors import Code, InvalidArgument
@@ -34,6 +35,16 @@ from .tiers import Tiers
 AHEAD_SHARE = 0.25
 # The most record room a placeholder may ask for: a record of the longest key fits.
 MAX_RECORD_ROOM = 2048
+# Space started ahead leaves the PENDING table this long after its grant (or at the put
+# timeout, if shorter), however long the put timeout is. A writer only ever writes a
+# placeholder in the first half of this (the PutStart reply says so: PutStartResponse's
+# put_timeout, see kvstore_client.reservations), so by then it has used it or given it
+# up; but a writer that went quiet (or died, or lost its pool to a failover's retries)
+# revokes its placeholders only at its next call, if ever, and they would otherwise
+# show as PENDING, and count against AHEAD_SHARE, until the put timeout (tests run
+# with 600 s). Their ranges stay held until the writer's next call for them or the put
+# timeout (Until.WRITER), exactly as long as before: a late write lands nowhere in use.
+AHEAD_TIMEOUT = 10.0
 
 
 def writer_may(owner: str, writer: str) -> bool:
@@ -52,6 +63,13 @@ class Writes:
         self._tiers = tiers
         self._quotas = quotas
         self.batch = BatchPut(state)
+        # Placeholders granted, in grant order: (reclaimed from, slot, its PendingWrite;
+        # the slot still holds that placeholder while t.pending[slot] is that object).
+        self._ahead: deque[tuple[float, int, PendingWrite]] = deque()
+
+    def ahead_timeout(self) -> float:
+        """How long a placeholder stays PENDING (see AHEAD_TIMEOUT)."""
+        return min(AHEAD_TIMEOUT, self._state.config.put_timeout)
 
     # -- put_start ----------------------------------------------------------------
 
@@ -130,8 +148,16 @@ class Writes:
             refused = PutStartResult(Code.STORE_FULL, [], message="no free space to start "
                                      "ahead; put the values the usual way")
             return [refused] * len(keys)
-        return self.fill_batch(batch, keys, sizes, checksums, want, writer, now, deadline,
-                               largest)
+        results = self.fill_batch(batch, keys, sizes, checksums, want, writer, now, deadline,
+                                  largest)
+        until = now + self.ahead_timeout()
+        t = self._t
+        index, pending, ahead = t.index, t.pending, self._ahead
+        for k, r in zip(norm_keys(keys), results, strict=True):
+            if r.code == Code.OK and k is not None and (s := index.get(k)) is not None \
+                    and (pw := pending.get(s)) is not None:
+                ahead.append((until, s, pw))
+        return results
 
     def fill_batch(
         self,
@@ -471,7 +497,8 @@ class Writes:
         return out
 
     def reclaim(self, now: float) -> int:
-        """Drop the PENDING objects past their put_timeout; returns how many."""
+        """Drop the PENDING objects past their put_timeout, and the placeholders past
+        the ahead timeout; returns how many."""
         state = self._state
         t = self._t
         zombies: list[int] = []
@@ -479,7 +506,8 @@ class Writes:
             if pw.deadline > now:
                 break
             zombies.append(s)
-        if not zombies:
+        ahead = self._ahead
+        if not zombies and not (ahead and ahead[0][0] <= now):
             return 0
         keys: list[bytes] = []
         size = 0
@@ -487,6 +515,20 @@ class Writes:
             keys.append(t.key_of[s])  # type: ignore[arg-type]
             size += t.size[s]
             state.drop(s, until=Until.NOW)  # past the put timeout: its writer gave up
-        state.counts.reclaimed += len(zombies)
+        n = len(zombies)
+        pending = t.pending
+        while ahead and ahead[0][0] <= now:
+            _, s, pw = ahead.popleft()
+            if pending.get(s) is not pw:
+                continue  # committed, revoked or dropped already
+            keys.append(t.key_of[s])  # type: ignore[arg-type]
+            size += t.size[s]
+            # Its writer is past the time it would write it; until the writer says so
+            # (its next call for the key) or the put timeout, a late write may land.
+            state.drop(s, until=Until.WRITER)
+            n += 1
+        if not n:
+            return 0
+        state.counts.reclaimed += n
         state.events.emit(Event(EventKind.RECLAIMED, keys, size))
-        return len(zombies)
+        return n
