@@ -2,7 +2,8 @@
 
     python -m bench.shard_sim [--shards 1,2,4,8,16,32,64] [--kind lookup] [--batch 128]
                               [--clients 64 | --rate CALLS_PER_S] [--think-us 0]
-                              [--call-us ..] [--key-us ..] [--rtt-us ..] [--msg-us ..]
+                              [--call-us ..] [--KIND-key-us ..] [--rtt-us ..]
+                              [--send-us ..] [--read-us ..]
                               [--spread hash|even] [--service-cv 1] [--calls 20000] [--seed 1]
 
 A discrete-event simulation, seeded and so deterministic, of clients calling a control
@@ -13,10 +14,11 @@ below was measured). Nothing is started: the inputs are the measured costs.
   to a shard drawn uniformly (hash of the key mod N), so a batch touches at most
   min(N, batch) shards, fewer when two keys draw the same one; with --spread even it
   touches exactly min(N, batch) shards, its keys dealt out evenly.
-- The client sends one message per touched shard, one after another, each --msg-us of
-  the client's own time after the first (the first is inside the round trip), and reads
-  the replies as they come, each further one --msg-us more. The call ends when the last
-  reply has been read: it finishes with its slowest shard.
+- The client sends one message per touched shard, one after another, each --send-us of
+  the client's own time after the first (the first is inside the round trip), then
+  reads the replies as they come, each further one --read-us more (one thread does
+  both). The call ends when the last reply has been read: it finishes with its slowest
+  shard.
 - A shard is one single-core process: a FIFO queue whose service time for a message of
   k keys is --call-us + k x --key-us, drawn from a gamma distribution of that mean and
   coefficient of variation --service-cv (0: exactly that long).
@@ -67,7 +69,8 @@ KINDS = {
 }
 DEFAULT_CALL_US = 28.5   # the master's CPU per message, whatever its keys
 DEFAULT_RTT_US = 21.0    # the raw fast channel's Exists of 1 key, p50
-DEFAULT_MSG_US = 26.0    # the client's time for one more message out and one more in
+DEFAULT_SEND_US = 15.0   # the client's time to send one more request
+DEFAULT_READ_US = 12.0   # ...and to read one more reply that is already there
 
 
 @dataclass
@@ -78,7 +81,8 @@ class Model:
     call_us: float = DEFAULT_CALL_US
     key_us: dict[str, float] = field(default_factory=dict)  # overrides of KINDS' key_us
     rtt_us: float = DEFAULT_RTT_US
-    msg_us: float = DEFAULT_MSG_US
+    send_us: float = DEFAULT_SEND_US
+    read_us: float = DEFAULT_READ_US
     clients: int = 64
     rate: float = 0.0                # calls/s, open loop; 0: closed loop with `clients`
     think_us: float = 0.0
@@ -148,7 +152,8 @@ class _Sim:
         self.m = m
         self.rng = random.Random(m.seed)
         self.half_rtt = m.rtt_us * 1e-6 / 2
-        self.msg = m.msg_us * 1e-6
+        self.send = m.send_us * 1e-6
+        self.read = m.read_us * 1e-6
         self.choices = [(k, m.keys(b)) for k, _, b in m.kinds]
         self.weights = [w for _, w, _ in m.kinds]
         self.shape = 1.0 / m.service_cv ** 2 if m.service_cv > 0 else 0.0
@@ -199,9 +204,11 @@ class _Sim:
         parts = split(self.rng, self.m.shards, call.batch, self.m.spread)
         self.fanouts += 1
         self.touched += len(parts)
-        call.pending, call.seen, call.read_until = len(parts), 0, t
+        # The client reads no reply before its last request is out: one thread does both.
+        call.pending, call.seen = len(parts), 0
+        call.read_until = t + (len(parts) - 1) * self.send
         for i, (shard, keys) in enumerate(parts):
-            self.push(t + i * self.msg + self.half_rtt, self.arrive, (shard, call, keys))
+            self.push(t + i * self.send + self.half_rtt, self.arrive, (shard, call, keys))
 
     def arrive(self, t: float, arg: tuple[int, _Call, int]) -> None:
         shard, call, keys = arg
@@ -227,8 +234,8 @@ class _Sim:
 
     def reply(self, t: float, call: _Call) -> None:
         # The first reply's reading is inside the round trip; each further one costs
-        # the client msg more, after the one before it was read.
-        call.read_until = max(call.read_until, t) + (self.msg if call.seen else 0.0)
+        # the client `read` more, after the one before it was read.
+        call.read_until = max(call.read_until, t) + (self.read if call.seen else 0.0)
         call.seen += 1
         if call.seen == call.pending:
             self.push(call.read_until, self.phase_done, call)
@@ -310,8 +317,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"a shard's CPU per key of a {name}, µs (default %(default)s)")
     p.add_argument("--rtt-us", type=float, default=DEFAULT_RTT_US,
                    help="the round trip of the cheapest call, µs (default %(default)s)")
-    p.add_argument("--msg-us", type=float, default=DEFAULT_MSG_US,
-                   help="the client's time per further shard message, out and in, µs "
+    p.add_argument("--send-us", type=float, default=DEFAULT_SEND_US,
+                   help="the client's time to send each further shard's request, µs "
+                        "(default %(default)s)")
+    p.add_argument("--read-us", type=float, default=DEFAULT_READ_US,
+                   help="the client's time to read each further shard's reply, µs "
                         "(default %(default)s)")
     p.add_argument("--spread", choices=["hash", "even"], default="hash",
                    help="hash: each key to a random shard; even: min(N, batch) shards")
@@ -326,7 +336,8 @@ def models(args: argparse.Namespace) -> list[Model]:
     kinds = parse_kinds(args.kind)
     key_us = {name: getattr(args, f"{name}_key_us") for name in KINDS}
     return [Model(shards=int(n), batch=args.batch, kinds=kinds, call_us=args.call_us,
-                  key_us=key_us, rtt_us=args.rtt_us, msg_us=args.msg_us, clients=args.clients,
+                  key_us=key_us, rtt_us=args.rtt_us, send_us=args.send_us,
+                  read_us=args.read_us, clients=args.clients,
                   rate=args.rate, think_us=args.think_us, spread=args.spread,
                   service_cv=args.service_cv, calls=args.calls, seed=args.seed)
             for n in args.shards.split(",")]
@@ -340,8 +351,8 @@ def render(ms: Sequence[Model], results: Sequence[Result]) -> str:
     costs = ", ".join(f"{k} {m.per_key(k):g}" for k, _, _ in m.kinds)
     head = (f"{kinds} a call ({m.spread}); {load}\n"
             f"shard service: {m.call_us:g} µs per message + per key ({costs}) µs, cv "
-            f"{m.service_cv:g}; round trip {m.rtt_us:g} µs; client {m.msg_us:g} µs per "
-            f"further message\n")
+            f"{m.service_cv:g}; round trip {m.rtt_us:g} µs; client {m.send_us:g} µs to send "
+            f"and {m.read_us:g} µs to read each further message\n")
     return head + "\n" + format_table(HEADERS, [r.row() for r in results])
 
 

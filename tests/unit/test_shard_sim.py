@@ -21,7 +21,7 @@ def model(**kw: object) -> Model:
 def test_one_shard_at_low_load_is_the_service_time_plus_the_round_trip() -> None:
     # One client, long pauses between calls: no queue ever forms, fixed service times.
     m = model(clients=1, think_us=10_000.0, service_cv=0.0, call_us=30.0,
-              key_us={"lookup": 0.5}, rtt_us=20.0, msg_us=10.0)
+              key_us={"lookup": 0.5}, rtt_us=20.0, send_us=10.0, read_us=10.0)
     r = simulate(m)
     expected = (20.0 + 30.0 + 128 * 0.5) * 1e-6
     assert r.touched == 1.0
@@ -65,7 +65,7 @@ def test_throughput_grows_with_shards_until_the_clients_bind() -> None:
     # Per-key work dominates, so splitting a batch relieves the shards; two clients can
     # keep only so many calls in flight.
     base = {"clients": 2, "batch": 64, "call_us": 1.0, "key_us": {"lookup": 10.0},
-            "rtt_us": 50.0, "msg_us": 0.5}
+            "rtt_us": 50.0, "send_us": 0.25, "read_us": 0.25}
     rs = {n: simulate(model(shards=n, **base)) for n in (1, 2, 4, 64)}
     assert rs[1].bound == "shards"
     assert rs[1].calls_per_s < rs[2].calls_per_s < rs[4].calls_per_s < rs[64].calls_per_s
@@ -115,3 +115,19 @@ def test_the_command_prints_a_row_per_shard_count(capsys: pytest.CaptureFixture[
     out = capsys.readouterr().out
     rows = [line.split()[0] for line in out.splitlines() if line[:1].isdigit()]
     assert rows == ["1", "4"]
+
+
+def test_a_fan_out_pays_the_client_for_each_further_message() -> None:
+    # 4 shards, 32 keys each (even), fixed costs, one client at low load: the replies
+    # come back `send` apart, 66 µs after the call for the first (round trip 20 +
+    # service 30 + 32 x 0.5); the second is read on arrival at 71, the two after it at
+    # 10 µs each behind the one before: 101 µs.
+    m = model(shards=4, spread="even", clients=1, think_us=10_000.0, service_cv=0.0,
+              call_us=30.0, key_us={"lookup": 0.5}, rtt_us=20.0, send_us=5.0, read_us=10.0)
+    r = simulate(m)
+    assert r.touched == 4.0
+    assert r.lat.p50 == pytest.approx(101e-6)
+    # the same batch on one shard: no further message, all 128 keys in one service
+    one = simulate(model(shards=1, clients=1, think_us=10_000.0, service_cv=0.0, call_us=30.0,
+                         key_us={"lookup": 0.5}, rtt_us=20.0, send_us=5.0, read_us=10.0))
+    assert one.lat.p50 == pytest.approx((20.0 + 30.0 + 64.0) * 1e-6)
