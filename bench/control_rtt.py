@@ -8,7 +8,10 @@ can be no lower than this. Prints p10/p50/p99 of:
   (the floor for any Python server here: two process wake-ups and four syscalls);
 - the master's fast channel: GetConfig (no keys), Exists of 1 key, Lookup of 1 missing
   key, GetReplicas of 1 present key (a lease granted, then released one-way), and
-  GetConfig again with 1 ms of idleness before each call (a master whose CPU went idle).
+  GetConfig again with 1 ms of idleness before each call (a master whose CPU went idle);
+- the client's own share of one more message, what a call fanned out to several masters
+  (docs/scaling.md) pays per further shard: sending an Exists of 1 key (`ask` alone),
+  and reading its reply once it is already there (`answer` after 0.5 ms asleep).
 Re-executes itself in a private network namespace (it starts a store node).
 """
 
@@ -86,6 +89,23 @@ def echo_row(calls: int, name: str) -> list[str]:
         echo.terminate()
 
 
+def client_share(channel: FastChannel, calls: int) -> list[list[str]]:
+    """The client's time to send one request, and to read one reply already arrived."""
+    request = pb.KeysRequest(keys=[b"present"])
+    send: list[float] = []
+    read: list[float] = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        asked = channel.ask("Exists", request, 5.0)
+        send.append(time.perf_counter() - t0)
+        time.sleep(0.0005)  # the reply is in the socket by then
+        t0 = time.perf_counter()
+        channel.answer(asked, spin=False)
+        read.append(time.perf_counter() - t0)
+    return [["client: send Exists, 1 key (ask alone)", *percentiles(send)],
+            ["client: read a reply already there", *percentiles(read)]]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--calls", type=int, default=3000)
@@ -119,6 +139,7 @@ def main() -> int:
         get_config = call("GetConfig", pb.GetConfigRequest())
         rows.append(["fast channel: GetConfig, 1 ms after the last",
                      *percentiles(timed(max(1, args.calls // 3), get_config, idle=0.001))])
+        rows += client_share(channel, args.calls)
         channel.close()
     # Again after: the floor itself moves with the machine's load (a shared VM).
     rows.append(echo_row(args.calls, "uvloop echo (the floor), after"))

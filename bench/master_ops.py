@@ -24,11 +24,19 @@ turn running every case for its share of --duration, from separate client proces
 | put64       | PutStart + PutEnd of 64 new 1 KiB keys   | batch_put_session_start + _end, 64 keys   |
 |             | (allocate and commit; nothing written)   | ("reserve objects without transfer")      |
 
-lookup128 and put64 run from 1 and from --clients concurrent processes, the rest from
-1. Each case runs for --duration seconds in every client at once (they start together).
+Every case runs from 1 and from --clients concurrent processes, for --duration seconds
+in every client at once (they start together).
 Latency percentiles are over every call of every client; rates are keys (or objects)
 per second over the span from the first client's start to the last client's end. A
-write case's keys are removed afterwards, untimed.
+write case's keys are removed afterwards, untimed and outside the CPU window.
+
+Each master's CPU time (user + system, all its threads, from /proc/PID/stat) is read
+before the clients are told to go and after the last one reported, and divided by the
+keys (or objects) the case handled: the "master CPU/key" rows, and in brackets the share
+of one core it kept busy over the case. It includes the 3 untimed warm-up calls per
+client and whatever the master does in the background meanwhile (the line "idle master
+CPU" before the table says how much that is: each master's CPU over a second with no
+clients), and, for the lease cases, part of expiring the leases they leave behind.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from bench.mix import TICKS, proc_cpu
 from bench.stats import (
     Latency,
     better_ratio,
@@ -220,10 +229,12 @@ class MooncakeOps:
         self.s.close()
 
 
-def run_case(ops: OursOps | MooncakeOps, case: str, duration: float, wid: int) -> dict[str, Any]:
+def run_case(ops: OursOps | MooncakeOps, case: str, duration: float, wid: int,
+             written: list[str]) -> dict[str, Any]:
+    """One case's timed calls; the keys a write case put are appended to `written`, for
+    the caller to remove once the master's CPU over the case has been read."""
     clock = time.perf_counter
     lat: list[float] = []
-    written: list[str] = []
     op: Callable[[int], None]
     if case == "put64":
         seq = iter(range(1 << 62))
@@ -250,8 +261,6 @@ def run_case(ops: OursOps | MooncakeOps, case: str, duration: float, wid: int) -
         if t1 >= stop:
             break
     end_wall = time.time()
-    if written:
-        ops.remove(written)
     return {"case": case, "calls": calls, "start": start_wall, "end": end_wall, "lat": lat}
 
 
@@ -277,8 +286,14 @@ def run_worker(args: argparse.Namespace) -> int:
             _say(sys.stdout, "ready", case)
             if sys.stdin.readline().strip() != "go":
                 return 1
-            result = run_case(ops, case, args.duration, args.wid)
+            written: list[str] = []
+            result = run_case(ops, case, args.duration, args.wid, written)
             _say(sys.stdout, "result", json.dumps(result))
+            # The orchestrator reads the master's CPU, then lets the clients clean up.
+            if sys.stdin.readline().strip() != "clean":
+                return 1
+            if written:
+                ops.remove(written)
     finally:
         ops.close()
     return 0
@@ -297,18 +312,35 @@ class CaseResult:
     rate: float  # keys or objects per second, all clients together
     samples: list[float] = field(default_factory=list, repr=False)  # seconds per call
     span: float = 0.0  # seconds from the first client's start to the last one's end
+    master_cpu: float | None = None  # the master's CPU seconds over the case; None: unread
+
+    @property
+    def units(self) -> int:
+        return self.calls * UNITS[self.case]
+
+    @property
+    def cpu_per_unit(self) -> float | None:
+        """The master's CPU seconds per key (or object) handled."""
+        return None if self.master_cpu is None or not self.units else self.master_cpu / self.units
+
+    @property
+    def cpu_share(self) -> float | None:
+        """The share of one core the master kept busy over the case."""
+        return None if self.master_cpu is None or not self.span else self.master_cpu / self.span
 
     def as_dict(self) -> dict[str, Any]:
         return {"system": self.system, "case": self.case, "clients": self.clients,
-                "calls": self.calls, "latency_s": self.lat.as_dict(), "units_per_s": self.rate}
+                "calls": self.calls, "latency_s": self.lat.as_dict(), "units_per_s": self.rate,
+                "master_cpu_s": self.master_cpu, "master_cpu_s_per_unit": self.cpu_per_unit}
 
 
-def merge(system: str, case: str, parts: list[dict[str, Any]]) -> CaseResult:
+def merge(system: str, case: str, parts: list[dict[str, Any]],
+          master_cpu: float | None = None) -> CaseResult:
     lat = [x for p in parts for x in p["lat"]]
     calls = sum(p["calls"] for p in parts)
     span = max(p["end"] for p in parts) - min(p["start"] for p in parts)
     return CaseResult(system, case, len(parts), calls, Latency.of(lat),
-                      calls * UNITS[case] / span, lat, span)
+                      calls * UNITS[case] / span, lat, span, master_cpu)
 
 
 def pool_turns(results: list[CaseResult]) -> list[CaseResult]:
@@ -322,8 +354,10 @@ def pool_turns(results: list[CaseResult]) -> list[CaseResult]:
         lat = [x for p in parts for x in p.samples]
         calls = sum(p.calls for p in parts)
         span = sum(p.span for p in parts)
+        cpus = [p.master_cpu for p in parts]
+        cpu = None if any(c is None for c in cpus) else sum(c for c in cpus if c is not None)
         out.append(CaseResult(system, case, clients, calls, Latency.of(lat),
-                              calls * UNITS[case] / span, lat, span))
+                              calls * UNITS[case] / span, lat, span, cpu))
     return out
 
 
@@ -384,7 +418,9 @@ def _spy(pid: int, out: Path, seconds: float) -> subprocess.Popen[bytes] | None:
 
 def run_clients(args: argparse.Namespace, system: str, endpoint: dict[str, str], n: int,
                 cases: list[str], populate: bool, log: Path,
-                spy_pid: int = 0) -> list[CaseResult]:
+                spy_pid: int = 0, cpu_pid: int = 0) -> list[CaseResult]:
+    """Run `cases` from `n` client processes; with `cpu_pid`, read that process's CPU
+    time (the master's) over each case."""
     from bench.clusters import MOONCAKE_ENV, log_tail, uninterrupted
 
     procs: list[subprocess.Popen[str]] = []
@@ -409,12 +445,12 @@ def run_clients(args: argparse.Namespace, system: str, endpoint: dict[str, str],
                 out = Path(args.profile_master) / f"{system}-master-{case}-{n}c.txt"
                 spy = _spy(spy_pid, out, args.duration)
                 time.sleep(0.3)  # attached before the clients start
-            for p in procs:
-                assert p.stdin is not None
-                p.stdin.write("go\n")
-                p.stdin.flush()
+            cpu0 = proc_cpu(cpu_pid) if cpu_pid else 0.0
+            _tell(procs, "go")
             parts = [json.loads(_expect(p, "result")) for p in procs]
-            results.append(merge(system, case, parts))
+            cpu = proc_cpu(cpu_pid) - cpu0 if cpu_pid else None
+            _tell(procs, "clean")  # a write case's removals, outside the CPU window
+            results.append(merge(system, case, parts, cpu))
             if spy is not None:
                 spy.wait(timeout=60)
                 print(spy_top(out), flush=True)
@@ -431,6 +467,20 @@ def run_clients(args: argparse.Namespace, system: str, endpoint: dict[str, str],
                     p.wait()
             fh.close()
     return results
+
+
+def _tell(procs: list[subprocess.Popen[str]], word: str) -> None:
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write(word + "\n")
+        p.stdin.flush()
+
+
+def fmt_cpu(r: CaseResult | None) -> str:
+    """The master's CPU per key, and the share of a core it kept busy: '2.31 µs (87%)'."""
+    if r is None or r.cpu_per_unit is None or r.cpu_share is None:
+        return "-"
+    return f"{r.cpu_per_unit * 1e6:.2f} µs ({r.cpu_share * 100:.0f}%)"
 
 
 def rows_for(results: list[CaseResult]) -> list[list[str]]:
@@ -450,15 +500,33 @@ def rows_for(results: list[CaseResult]) -> list[list[str]]:
         ):
             rows.append([label, str(clients), metric, fmt(a), fmt(b),
                          fmt_ratio(better_ratio(a, b, higher_is_better=hib))])
+        if o.cpu_per_unit is not None or (mc and mc.cpu_per_unit is not None):
+            rows.append([label, str(clients), "master CPU/" + unit.split("/")[0].rstrip("s"),
+                         fmt_cpu(o), fmt_cpu(mc),
+                         fmt_ratio(better_ratio(o.cpu_per_unit, mc.cpu_per_unit if mc else None,
+                                                higher_is_better=False))])
     return rows
 
 
 def render(results: list[CaseResult]) -> str:
-    head = ("ratio > 1 means kvstore is better: latency rows are Mooncake/ours, rate rows "
-            "ours/Mooncake.")
+    head = ("ratio > 1 means kvstore is better: latency and CPU rows are Mooncake/ours, rate "
+            "rows ours/Mooncake.\nmaster CPU/key: the master's CPU (user + system) over the "
+            "case per key or object handled, and in brackets the share of one core it kept "
+            "busy.")
     table = format_table(["operation: kvstore | Mooncake", "clients", "metric", "kvstore",
                           "Mooncake", "ratio"], rows_for(results), align="lrlrrr")
     return head + "\n\n" + table
+
+
+def idle_line(masters: list[tuple[str, int]], seconds: float = 1.0) -> str:
+    """Each master's CPU over `seconds` with no client: its background work (leases,
+    heartbeats, etcd), which the per-key figures include over each case."""
+    before = {name: proc_cpu(pid) for name, pid in masters}
+    time.sleep(seconds)
+    spent = {name: (proc_cpu(pid) - before[name]) / seconds for name, pid in masters}
+    return ("idle master CPU: " + ", ".join(f"{name} {share * 1e3:.0f} ms/s"
+                                             for name, share in spent.items())
+            + f" (read in clock ticks of {1e3 / TICKS:.0f} ms)")
 
 
 def fast_address(etcd: str) -> str:
@@ -478,7 +546,9 @@ def orchestrate(args: argparse.Namespace) -> int:
     raise_on_sigterm()
 
     single = ["lookup128", "exists128", "exists1", "replicas128", "put64"]
-    multi = ["lookup128", "put64"]
+    # Every case from many clients too: a saturated master's CPU per call and per key
+    # (what docs/scaling.md's shard model takes as its service times).
+    multi = single
     tmp = Path(tempfile.mkdtemp(prefix="kvstore-master-ops-"))
     t_start = time.monotonic()
     results: list[CaseResult] = []
@@ -490,18 +560,24 @@ def orchestrate(args: argparse.Namespace) -> int:
             oc = stack.enter_context(ours(tmp, dram="1GiB"))
             fast = fast_address(oc.etcd) if args.transport == "fast" else ""
             mc = stack.enter_context(mooncake(tmp, SEGMENT))
-            systems = [("ours", {"master": oc.master, "fast": fast}, oc.pids["master"]),
-                       ("mooncake", {"master": mc.master, "metadata": mc.metadata}, 0)]
+            mc_master = next(p.pid for name, p in mc.procs if name == "mooncake_master")
+            # (system, endpoint, pid to py-spy, pid whose CPU is read)
+            systems = [("ours", {"master": oc.master, "fast": fast}, oc.pids["master"],
+                        oc.pids["master"]),
+                       ("mooncake", {"master": mc.master, "metadata": mc.metadata}, 0,
+                        mc_master)]
+            print(idle_line([(s, cpu_pid) for s, _, _, cpu_pid in systems]), flush=True)
             print("both systems up; measuring them in turn ...", flush=True)
             whole = args.duration
             args.duration = whole / args.turns  # each turn's share of every case
             for turn in range(args.turns):
                 # who goes first alternates, so a slow spell falls on both
-                for system, ep, pid in systems if turn % 2 == 0 else systems[::-1]:
+                for system, ep, pid, cpu_pid in systems if turn % 2 == 0 else systems[::-1]:
                     log = tmp / f"clients-{system}.log"
-                    results += run_clients(args, system, ep, 1, single, turn == 0, log)
+                    results += run_clients(args, system, ep, 1, single, turn == 0, log,
+                                           cpu_pid=cpu_pid)
                     results += run_clients(args, system, ep, args.clients, multi, False, log,
-                                           spy_pid=pid if turn == 0 else 0)
+                                           spy_pid=pid if turn == 0 else 0, cpu_pid=cpu_pid)
             args.duration = whole
         results = pool_turns(results)
         print()
