@@ -15,8 +15,8 @@ import numpy as np
 
 from kvstore.transfer import Transfer
 
-CHUNKS = 8
-CHUNK_BYTES = 64 << 10
+CHUNKS = 4
+CHUNK_BYTES = 1 << 20  # a batch of one-call puts is at most half the reservation budget
 
 
 class RecordArea:
