@@ -147,8 +147,9 @@ class DataPath:
         over the engine moves in one blocking engine call (it spins, which costs least for
         a short wait): both when the ticket is finished. A larger one is submitted now in
         pieces (see `pieces`) and polled when finished. With `at_once`, a small batch is
-        submitted now as well and polled without sleeping: for a caller with something
-        to do while it moves (early reads send their GetReplicas meanwhile). Targets in
+        submitted now as well, and polled without sleeping for a moment before the
+        sleeps (see SPIN_MAX): for a caller with something to do while it moves (early
+        reads send their GetReplicas meanwhile, puts compute checksums). Targets in
         `dead` (failed earlier in the same call) are not tried again: their transfers fail
         at once.
         """
