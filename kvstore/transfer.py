@@ -202,7 +202,12 @@ class Transfer:
     def start(self, segment: str, local: int, remote: int, length: int, write: bool) -> int:
         """Submit one transfer without waiting for it; its id for `status`. Raises
         Unavailable if the node does not answer (see _check_reachable) or the engine
-        refuses the transfer."""
+        refuses the transfer.
+
+        One transfer per id, though the engine takes lists: `transfer_check_status`
+        answers for the first transfer of a batch only, so a batch of several would be
+        reported done while the others still move (docs/perf-notes.md), and the only
+        whole-batch answer (`get_batch_transfer_status`) spins until the batch ends."""
         with self._lock:
             self._check_reachable(segment)
             if write:

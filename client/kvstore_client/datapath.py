@@ -64,7 +64,7 @@ class Ticket:
         self.small: list[tuple[Target, list[Xfer]]] = []
         self.failed: dict[Target, KVStoreError] = {}
         self.total = 0
-        self.spin = False  # poll without sleeping: a small batch submitted at once
+        self.spin = False  # poll without sleeping at first: a small batch submitted at once
         self.done = False
         self.lock = threading.Lock()
 
@@ -147,8 +147,9 @@ class DataPath:
         over the engine moves in one blocking engine call (it spins, which costs least for
         a short wait): both when the ticket is finished. A larger one is submitted now in
         pieces (see `pieces`) and polled when finished. With `at_once`, a small batch is
-        submitted now as well and polled without sleeping: for a caller with something
-        to do while it moves (early reads send their GetReplicas meanwhile). Targets in
+        submitted now as well, and polled without sleeping for a moment before the
+        sleeps (see SPIN_MAX): for a caller with something to do while it moves (early
+        reads send their GetReplicas meanwhile, puts compute checksums). Targets in
         `dead` (failed earlier in the same call) are not tried again: their transfers fail
         at once.
         """
@@ -244,9 +245,16 @@ class DataPath:
         deadline = t.deadline
         status = self.transfer.status
         now = self.now
+        # A batch submitted at once is polled without sleeping for about the time its
+        # bytes need at POLL_RATE (SPIN_MAX at most), then asleep like any other: one
+        # still moving after that waits for CPU (the engine's threads, the node's on a
+        # small host) or for its node, and a spinning waiter only takes CPU from them.
+        spin_until = now() + min(SPIN_MAX, t.total / POLL_RATE) if t.spin else 0.0
+        nap = 0.0
         while True:
             still = []
             waiting = 0
+            landed = False
             k = 0  # pending[k:] not asked this round
             try:
                 while k < len(pending):
@@ -260,7 +268,9 @@ class DataPath:
                     if st == 0:
                         still.append(p)
                         waiting += 1
-                    elif st < 0:
+                        continue
+                    landed = True
+                    if st < 0:
                         failed.setdefault(p[1], failure(
                             f"{verb} store node {p[1][0]} failed; the node may be down"))
                     elif not write:
@@ -275,17 +285,18 @@ class DataPath:
                 t.pending = pending = still + pending[k:]
             if not pending:
                 break
-            if now() > deadline:
+            at = now()
+            if at > deadline:
                 # Abandoned, as the engine's own blocking calls do after their timeout.
                 for p in pending:
                     failed.setdefault(p[1], failure(
                         f"{verb} store node {p[1][0]} did not finish in time (the client's "
                         "timeout); the node may be frozen or cut off"))
                 break
-            if t.spin:
+            if at < spin_until:
                 continue
-            left = sum(p[3] for p in pending)
-            sleep(min(POLL_MAX, max(POLL_MIN, left / POLL_RATE)))
+            nap = next_nap(nap, sum(p[3] for p in pending), landed)
+            sleep(nap)
         t.pending = []
         for target in targets:
             if target in failed:
@@ -311,13 +322,32 @@ PIECE = 512 << 10
 # (see DataPath.answering); well under any node lease (2 s at the very least).
 EARLY_FRESH = 1.0
 MAX_PIECES = 64
-# Polling a batch in flight: sleep about the time the bytes left need at POLL_RATE,
-# within [POLL_MIN, POLL_MAX] seconds; each round asks about the pieces in the order
-# they were submitted, and stops after POLL_WINDOW that are still moving.
+# Polling a batch in flight: the first sleep is about the time the bytes left need at
+# POLL_RATE, each poll that finds nothing landed doubles it, within [POLL_MIN, POLL_MAX]
+# seconds (see next_nap); each round asks about the pieces in the order they were
+# submitted, and stops after POLL_WINDOW that are still moving. A batch submitted at
+# once (at_once) is first polled without sleeping, for the time its bytes need at
+# POLL_RATE, SPIN_MAX at most: about what one sleep costs in CPU and in the time it
+# overshoots (timer slack), so spinning longer never pays.
 POLL_RATE = 8e9
 POLL_MIN = 20e-6
 POLL_MAX = 2e-3
 POLL_WINDOW = 8
+SPIN_MAX = 50e-6
+
+
+def next_nap(nap: float, left: int, landed: bool) -> float:
+    """The sleep before the next poll of a batch with `left` bytes still moving, after a
+    sleep of `nap` (0: none yet) and a poll that saw a piece end (`landed`) or not.
+
+    A batch that is not over by the time its bytes should have taken is waiting for CPU
+    or for its node, and polling it as often again costs the caller's CPU for nothing:
+    each poll that finds nothing landed doubles the sleep. One that lands pieces is
+    moving, and is polled at the pace of what is left."""
+    sized = left / POLL_RATE
+    if nap and not landed:
+        sized = max(sized, 2 * nap)
+    return min(POLL_MAX, max(POLL_MIN, sized))
 
 
 def pieces(items: list[Xfer], piece: int = 0) -> list[tuple[int, int, int, list[Xfer]]]:
