@@ -36,6 +36,12 @@ BUSY_BUDGET = 5.0
 # that the put records travel in the values' batch; larger ones checksum while their
 # bytes move and send the records in a second batch.
 SUM_FIRST_BELOW = 256 << 10
+# One-call puts of at most this many objects carry put records. A record is a transfer
+# of its own, and the record room after each placeholder keeps a batch's values from
+# merging into one engine transfer: each object then costs a submission or two, which a
+# larger batch pays more for than for the store node's round trip its commit waits for
+# without records (figures: docs/perf-notes.md).
+RECORDS_UP_TO = 4
 
 
 def put_many(st: ClientState, keys: Sequence[bytes],
@@ -122,7 +128,7 @@ def _reserve(st: ClientState, rs: Reservations, sizes: list[int], key_len: int) 
         yield Later("PutStart", pb.PutStartRequest(
             keys=[k for k, _ in asked], sizes=[z for _, z in asked], checksums=[0] * len(asked),
             replicas=replicas, writer=st.writer_id, ahead=True,
-            record_room=room_for(key_len)), granted)
+            record_room=room_for(key_len) if len(sizes) <= RECORDS_UP_TO else 0), granted)
 
 
 def _put_reserved(st: ClientState, keys: list[bytes], srcs: list[Dest],
@@ -194,9 +200,9 @@ def _write_reserved(st: ClientState, keys: list[bytes], srcs: list[Dest],
     placeholder has room for one and the record area a free chunk; returns the
     checksums, the failures per target and whether the records went."""
     area = st.records
-    chunk = (area.take(sum(record_bytes(len(k)) for k in keys))
-             if all(r.room >= record_bytes(len(k)) for k, r in zip(keys, taken, strict=True))
-             else None)
+    fits = len(keys) <= RECORDS_UP_TO and all(
+        r.room >= record_bytes(len(k)) for k, r in zip(keys, taken, strict=True))
+    chunk = area.take(sum(record_bytes(len(k)) for k in keys)) if fits else None
     try:
         if chunk is not None and sum(r.size for r in taken) < SUM_FIRST_BELOW:
             # Small values: checksum first, and the records go in the values' batch.

@@ -42,8 +42,9 @@ def test_one_control_call_per_put_and_nothing_left_behind(cluster: Cluster, same
         # The first two batches went the plain way (placeholders are asked for sizes the
         # previous put had too); the two after them into placeholders.
         assert a.stats.one_call_puts == 2 * N and a.stats.puts == 4 * N
-        # Each with its put record: acknowledged without waiting for a store node.
-        assert a.stats.recorded_puts == 2 * N
+        # Batches this large carry no put records (puts.RECORDS_UP_TO): their commit
+        # waits for the store nodes' record instead.
+        assert a.stats.recorded_puts == 0
         # DEPTH batches' worth of placeholders is held (PENDING, invisible to readers).
         assert _placeholders(cluster) == DEPTH * N
         with KVStoreClient(etcd=cluster.etcd, same_host=False, placement_memory=0) as b:
@@ -54,7 +55,9 @@ def test_one_control_call_per_put_and_nothing_left_behind(cluster: Cluster, same
         # Single puts too (a shape of its own).
         for i in range(3):
             a.put(f"single-{i}".encode(), bytes([i]) * 5000)
-        assert a.stats.one_call_puts == a.stats.recorded_puts == 2 * N + 1
+        assert a.stats.one_call_puts == 2 * N + 1
+        # A single put carries its put record: acknowledged without waiting for a node.
+        assert a.stats.recorded_puts == 1
         assert a.get(b"single-2") == bytes([2]) * 5000
     # Closing revoked them all.
     assert _placeholders(cluster) == 0
@@ -111,8 +114,14 @@ def test_async_puts_commit_in_one_call(cluster: Cluster) -> None:
                 await asyncio.sleep(0.05)  # the refill, a task of its own, lands
             for keys, values in batches:
                 assert await a.get_many(keys) == values
-            assert a.stats.recorded_puts == a.stats.one_call_puts
-            return a.stats.one_call_puts
+            assert a.stats.recorded_puts == 0  # batches of N: no put records
+            one_call = a.stats.one_call_puts
+            for i in range(3):  # single puts: the third carries its put record
+                await a.put(f"as-single-{i}".encode(), bytes([i]) * 3000)
+                await asyncio.sleep(0.05)
+            assert a.stats.recorded_puts == 1
+            assert await a.get(b"as-single-2") == bytes([2]) * 3000
+            return one_call
 
     assert asyncio.run(main()) == N  # the first two batches went the plain way
     assert _placeholders(cluster) == 0
