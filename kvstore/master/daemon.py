@@ -83,6 +83,7 @@ class MasterDaemon:
         self.recorder = Recorder(lambda: self.core.take_replica_changes(), self.links,
                                  opts.ack_timeout, self._dram_base)
         self.service.recorder = self.recorder.record
+        self.service.durability_counters = self.recorder.counters
         self._fast: FastServer | None = None
         self.live_config = LiveConfig(self.etcd, self.layout)
         self._records: dict[str, NodeRecord] = {}

@@ -85,6 +85,11 @@ class Recorder:
         self.intents = 0  # intents sent
         self.early = 0  # commits acknowledged on their intent (no wait for the commit)
 
+    def counters(self) -> dict[str, int]:
+        """For ClusterStatus: how the write replies of this process were recorded."""
+        return {"durable_intents": self.intents, "durable_early": self.early,
+                "durable_held": self.held, "durable_refused": self.refused}
+
     def reset(self) -> None:
         """A new term: this leader's links start over, and so does what was sent."""
         self._intents.clear()

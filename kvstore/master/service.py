@@ -121,6 +121,7 @@ class MasterService(pbg.MasterServicer):
         # Set by the daemon (kvstore.master.durability): holds the replies of writes
         # until the store nodes have recorded them. None: replies leave at once.
         self.recorder: Recorder | None = None
+        self.durability_counters: Callable[[], dict[str, int]] = dict
         # Keys the call being handled found already stored, with the nodes holding them:
         # its OK must wait for their record too (a retry after a write that was not
         # recorded in time finds the key stored, and must not be acknowledged sooner).
@@ -414,7 +415,8 @@ class MasterService(pbg.MasterServicer):
             bytes_complete=s.bytes_complete,
             bytes_pending=s.bytes_pending,
             active_leases=s.active_leases,
-            counters_json=json.dumps({**counters(s), **self.core.tier_counters()}),
+            counters_json=json.dumps({**counters(s), **self.core.tier_counters(),
+                                      **self.durability_counters()}),
             recent_lookup_keys=s.recent.get("lookup_keys", 0),
             recent_hit_keys=s.recent.get("hit_keys", 0),
             recent_seconds=s.recent_seconds,

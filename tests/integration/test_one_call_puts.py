@@ -5,6 +5,7 @@ exactly what it wrote, and nothing it held stays behind once it closes."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 
 import pytest
@@ -21,6 +22,11 @@ N = 8
 
 def _batch(rng: random.Random, tag: str) -> tuple[list[bytes], list[bytes]]:
     return [f"{tag}-{i}".encode() for i in range(N)], [rng.randbytes(SIZE) for _ in range(N)]
+
+
+def _durable(cluster: Cluster) -> dict[str, int]:
+    counters = json.loads(cluster.status().counters_json)
+    return {k: v for k, v in counters.items() if k.startswith("durable_")}
 
 
 def _placeholders(cluster: Cluster) -> int:
@@ -53,11 +59,15 @@ def test_one_control_call_per_put_and_nothing_left_behind(cluster: Cluster, same
             # A placeholder is nobody's key: not readable, not listed as stored.
             assert b.exists([PREFIX + a.writer_id.encode() + b"/1"]) == [False]
         # Single puts too (a shape of its own).
-        for i in range(3):
+        for i in range(2):  # the plain way: the first of its shape, then the one that asks
             a.put(f"single-{i}".encode(), bytes([i]) * 5000)
+        held = _durable(cluster)["durable_held"]
+        a.put(b"single-2", bytes([2]) * 5000)
         assert a.stats.one_call_puts == 2 * N + 1
-        # A single put carries its put record: acknowledged without waiting for a node.
+        # A single put carries its put record: the leader acknowledged it without
+        # holding the reply for a store node's record.
         assert a.stats.recorded_puts == 1
+        assert _durable(cluster)["durable_held"] == held
         assert a.get(b"single-2") == bytes([2]) * 5000
     # Closing revoked them all.
     assert _placeholders(cluster) == 0
