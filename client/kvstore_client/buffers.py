@@ -54,6 +54,9 @@ class Dest:
 
     addr: int
     view: memoryview
+    # Bytes after the view that are the caller's to write (registered, unused): a put's
+    # record goes there, so that it moves with the value as one transfer.
+    tail: int = 0
 
 
 class Regions:

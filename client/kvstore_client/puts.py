@@ -13,6 +13,7 @@ reads (placements.py).
 
 from __future__ import annotations
 
+import ctypes
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -55,12 +56,18 @@ def put_many(st: ClientState, keys: Sequence[bytes],
         if view.nbytes == 0:
             raise InvalidArgument("empty value: store at least one byte", key=key)
     results: list[KVStoreError | None] = [None] * len(checked)
+    # A put small enough to carry put records leaves room for each after its value in
+    # the staging buffer: the record then moves with the value, as one transfer.
+    tails = ([record_bytes(len(k)) for k in checked]
+             if st.reservations is not None and len(checked) <= RECORDS_UP_TO
+             else [0] * len(checked))
     # Batches larger than the staging buffer go in slices that fit; each group's values
     # are copied in just before its PutStart (while the group before it moves).
-    for lo, hi in st.staging.slices([v.nbytes for v in views]):
-        offsets = st.staging.layout([v.nbytes for v in views[lo:hi]])
-        srcs = [Dest(st.staging.addr + off, st.staging.view[off:off + view.nbytes])
-                for off, view in zip(offsets, views[lo:hi], strict=True)]
+    for lo, hi in st.staging.slices([v.nbytes + t for v, t in zip(views, tails, strict=True)]):
+        offsets = st.staging.layout([v.nbytes + t for v, t in zip(views[lo:hi], tails[lo:hi],
+                                                                  strict=True)])
+        srcs = [Dest(st.staging.addr + off, st.staging.view[off:off + view.nbytes], tail)
+                for off, view, tail in zip(offsets, views[lo:hi], tails[lo:hi], strict=True)]
 
         def fill(a: int, b: int, srcs: list[Dest] = srcs, base: int = lo) -> None:
             for dest, view in zip(srcs[a:b], views[base + a:base + b], strict=True):
@@ -207,7 +214,7 @@ def _write_reserved(st: ClientState, keys: list[bytes], srcs: list[Dest],
         if chunk is not None and sum(r.size for r in taken) < SUM_FIRST_BELOW:
             # Small values: checksum first, and the records go in the values' batch.
             sums = [checksum(d.view) for d in srcs]
-            _add_records(plan, area.view, area.addr, chunk, keys, taken, sums)
+            _add_records(plan, area.view, area.addr, chunk, keys, taken, sums, srcs)
             ticket = yield Start(plan, write=True, at_once=True)
             failed: dict[Target, KVStoreError] = yield Finish(ticket)
             return sums, failed, True
@@ -229,12 +236,23 @@ def _write_reserved(st: ClientState, keys: list[bytes], srcs: list[Dest],
 
 
 def _add_records(plan: Plan, view: memoryview, base: int, at: int, keys: list[bytes],
-                 taken: list[Reserved], sums: list[int]) -> None:
-    """Write each value's put record into the record area from `at` and plan its copy
-    to just after the value in every replica (the room its placeholder has there)."""
-    for key, r, total in zip(keys, taken, sums, strict=True):
+                 taken: list[Reserved], sums: list[int],
+                 srcs: list[Dest] | None = None) -> None:
+    """Write each value's put record and plan its copy to just after the value in every
+    replica (the room its placeholder has there): from the value's own tail, its
+    transfer lengthened to carry it (`srcs`, already in the plan), else from the record
+    area at `at`."""
+    for i, (key, r, total) in enumerate(zip(keys, taken, sums, strict=True)):
         rec = encode_record(r.key, key, r.size, total, r.epoch)
         n = len(rec)
+        d = srcs[i] if srcs is not None else None
+        if d is not None and d.tail >= n:
+            ctypes.memmove(d.addr + r.size, rec, n)
+            for target, addr in r.locations:
+                for x in plan[target]:
+                    if x.local == d.addr and x.remote == addr:
+                        x.size += n
+            continue
         view[at:at + n] = rec
         for target, addr in r.locations:
             plan[target].append(Xfer(base + at, addr + r.size, n))
