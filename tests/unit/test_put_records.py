@@ -7,6 +7,7 @@ docs/durability.md, section 1)."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import itertools
 
 import pytest
@@ -249,3 +250,39 @@ def test_the_commit_applied_replaces_the_placeholders_intent() -> None:
         assert inv.dram() == [(b"k", Held(0, 100, checksum(value)))]
         segment.close()
     run(main())
+
+
+# -- the client: the record after the value --------------------------------------------
+
+
+def test_a_record_written_into_the_values_tail_lengthens_its_transfer() -> None:
+    from collections import defaultdict
+
+    from kvstore_client.buffers import Dest
+    from kvstore_client.datapath import Xfer
+    from kvstore_client.puts import _add_records
+    from kvstore_client.reservations import Reserved
+
+    value = b"v" * 1000
+    need = put_record.record_bytes(len(b"key-a"))
+    buf = ctypes.create_string_buffer(value + b"\0" * need, len(value) + need)
+    addr = ctypes.addressof(buf)
+    src = Dest(addr, memoryview(buf).cast("B")[:1000], tail=need)
+    target = ("seg", "n0")
+    r = Reserved(PH, 1000, 3, 1, [(target, 1 << 32)], 1e9, room=128)
+    plan: dict = defaultdict(list)
+    plan[target].append(Xfer(addr, 1 << 32, 1000))
+    area = memoryview(bytearray(4096))
+    _add_records(plan, area, 0, 0, [b"key-a"], [r], [checksum(value)], [src])
+    (x,) = plan[target]  # no second transfer: the record rides on the value's
+    assert (x.local, x.remote, x.size) == (addr, 1 << 32, 1000 + need)
+    got = put_record.resolve(bytes(buf)[1000:], PH, 1000)
+    assert got == put_record.Record(b"key-a", 1000, checksum(value), 3)
+    # Without a tail, the record goes from the record area, as a transfer of its own.
+    plan2: dict = defaultdict(list)
+    plan2[target].append(Xfer(addr, 1 << 32, 1000))
+    _add_records(plan2, area, 5000, 64, [b"key-a"], [r], [checksum(value)],
+                 [Dest(addr, src.view)])
+    assert [(x.local, x.remote, x.size) for x in plan2[target]] == [
+        (addr, 1 << 32, 1000), (5064, (1 << 32) + 1000, need)]
+    assert put_record.resolve(bytes(area[64:]), PH, 1000) is not None
