@@ -488,6 +488,10 @@ def run_clients(args: argparse.Namespace, system: str, endpoint: dict[str, str],
             if spy is not None:
                 spy()
                 print(spy_top(out), flush=True)
+                gc_file = out.with_name(out.name + ".gc")
+                if gc_file.exists():
+                    print("  garbage collector meanwhile: " + "; ".join(
+                        gc_file.read_text().splitlines()), flush=True)
         for p in procs:
             p.wait(timeout=60)
     except RuntimeError as exc:
