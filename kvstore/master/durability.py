@@ -35,8 +35,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvstore.errors import Code
 from kvstore.master.core import Location, ReplicaChange
@@ -53,9 +52,10 @@ Mark = tuple[Any, int]  # NodeLinks.mark: (the link, a place in its queue)
 _Added = tuple["dict[bytes, set[str]] | None", "list[ReplicaChange]"]
 
 
-@dataclass(frozen=True, slots=True)
-class Placed:
-    """A put PutStart placed: its key (as the core stores it), checksum and replicas."""
+class Placed(NamedTuple):
+    """A put PutStart placed: its key (as the core stores it), checksum and replicas.
+    A NamedTuple, not a frozen dataclass: PutStart makes one per key, and this builds
+    in about half the time."""
 
     key: bytes
     checksum: int
