@@ -24,19 +24,13 @@ turn running every case for its share of --duration, from separate client proces
 | put64       | PutStart + PutEnd of 64 new 1 KiB keys   | batch_put_session_start + _end, 64 keys   |
 |             | (allocate and commit; nothing written)   | ("reserve objects without transfer")      |
 
-Every case runs from 1 and from --clients concurrent processes, for --duration seconds
-in every client at once (they start together).
+lookup128 and put64 run from 1 and from --clients concurrent processes, the rest from
+1. Each case runs for --duration seconds in every client at once (they start together).
 Latency percentiles are over every call of every client; rates are keys (or objects)
 per second over the span from the first client's start to the last client's end. A
-write case's keys are removed afterwards, untimed and outside the CPU window.
-
-Each master's CPU time (user + system, all its threads, from /proc/PID/stat) is read
-before the clients are told to go and after the last one reported, and divided by the
-keys (or objects) the case handled: the "master CPU/key" rows, and in brackets the share
-of one core it kept busy over the case. It includes the 3 untimed warm-up calls per
-client and whatever the master does in the background meanwhile (the line "idle master
-CPU" before the table says how much that is: each master's CPU over a second with no
-clients), and, for the lease cases, part of expiring the leases they leave behind.
+write case's keys are removed afterwards, untimed. The master's and the store node's CPU
+time (user + system, from /proc/PID/stat) from the start of a case until every client
+has finished its timed calls is divided by the objects (or keys) the case handled.
 """
 
 from __future__ import annotations
@@ -50,12 +44,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from bench.mix import TICKS, proc_cpu
 from bench.stats import (
     Latency,
     better_ratio,
@@ -229,12 +222,10 @@ class MooncakeOps:
         self.s.close()
 
 
-def run_case(ops: OursOps | MooncakeOps, case: str, duration: float, wid: int,
-             written: list[str]) -> dict[str, Any]:
-    """One case's timed calls; the keys a write case put are appended to `written`, for
-    the caller to remove once the master's CPU over the case has been read."""
+def run_case(ops: OursOps | MooncakeOps, case: str, duration: float, wid: int) -> dict[str, Any]:
     clock = time.perf_counter
     lat: list[float] = []
+    written: list[str] = []
     op: Callable[[int], None]
     if case == "put64":
         seq = iter(range(1 << 62))
@@ -261,6 +252,13 @@ def run_case(ops: OursOps | MooncakeOps, case: str, duration: float, wid: int,
         if t1 >= stop:
             break
     end_wall = time.time()
+    # The daemons' CPU is read between every client's "timed" and this go-ahead, so the
+    # removal below is not counted.
+    _say(sys.stdout, "timed", case)
+    if sys.stdin.readline().strip() != "cleanup":
+        raise RuntimeError("no go-ahead for the cleanup")
+    if written:
+        ops.remove(written)
     return {"case": case, "calls": calls, "start": start_wall, "end": end_wall, "lat": lat}
 
 
@@ -286,14 +284,8 @@ def run_worker(args: argparse.Namespace) -> int:
             _say(sys.stdout, "ready", case)
             if sys.stdin.readline().strip() != "go":
                 return 1
-            written: list[str] = []
-            result = run_case(ops, case, args.duration, args.wid, written)
+            result = run_case(ops, case, args.duration, args.wid)
             _say(sys.stdout, "result", json.dumps(result))
-            # The orchestrator reads the master's CPU, then lets the clients clean up.
-            if sys.stdin.readline().strip() != "clean":
-                return 1
-            if written:
-                ops.remove(written)
     finally:
         ops.close()
     return 0
@@ -312,35 +304,25 @@ class CaseResult:
     rate: float  # keys or objects per second, all clients together
     samples: list[float] = field(default_factory=list, repr=False)  # seconds per call
     span: float = 0.0  # seconds from the first client's start to the last one's end
-    master_cpu: float | None = None  # the master's CPU seconds over the case; None: unread
+    cpu: dict[str, float] = field(default_factory=dict)  # daemon kind -> CPU seconds
 
-    @property
-    def units(self) -> int:
-        return self.calls * UNITS[self.case]
-
-    @property
-    def cpu_per_unit(self) -> float | None:
-        """The master's CPU seconds per key (or object) handled."""
-        return None if self.master_cpu is None or not self.units else self.master_cpu / self.units
-
-    @property
-    def cpu_share(self) -> float | None:
-        """The share of one core the master kept busy over the case."""
-        return None if self.master_cpu is None or not self.span else self.master_cpu / self.span
+    def cpu_us_per_unit(self, kind: str) -> float | None:
+        units = self.calls * UNITS[self.case]
+        return self.cpu[kind] / units * 1e6 if kind in self.cpu and units else None
 
     def as_dict(self) -> dict[str, Any]:
         return {"system": self.system, "case": self.case, "clients": self.clients,
                 "calls": self.calls, "latency_s": self.lat.as_dict(), "units_per_s": self.rate,
-                "master_cpu_s": self.master_cpu, "master_cpu_s_per_unit": self.cpu_per_unit}
+                "cpu_s": self.cpu,
+                "cpu_us_per_unit": {k: self.cpu_us_per_unit(k) for k in self.cpu}}
 
 
-def merge(system: str, case: str, parts: list[dict[str, Any]],
-          master_cpu: float | None = None) -> CaseResult:
+def merge(system: str, case: str, parts: list[dict[str, Any]]) -> CaseResult:
     lat = [x for p in parts for x in p["lat"]]
     calls = sum(p["calls"] for p in parts)
     span = max(p["end"] for p in parts) - min(p["start"] for p in parts)
     return CaseResult(system, case, len(parts), calls, Latency.of(lat),
-                      calls * UNITS[case] / span, lat, span, master_cpu)
+                      calls * UNITS[case] / span, lat, span)
 
 
 def pool_turns(results: list[CaseResult]) -> list[CaseResult]:
@@ -354,8 +336,10 @@ def pool_turns(results: list[CaseResult]) -> list[CaseResult]:
         lat = [x for p in parts for x in p.samples]
         calls = sum(p.calls for p in parts)
         span = sum(p.span for p in parts)
-        cpus = [p.master_cpu for p in parts]
-        cpu = None if any(c is None for c in cpus) else sum(c for c in cpus if c is not None)
+        cpu: dict[str, float] = {}
+        for p in parts:
+            for k, v in p.cpu.items():
+                cpu[k] = cpu.get(k, 0.0) + v
         out.append(CaseResult(system, case, clients, calls, Latency.of(lat),
                               calls * UNITS[case] / span, lat, span, cpu))
     return out
@@ -406,22 +390,69 @@ def _frame(text: str) -> str:
     return f"{name} ({where.rstrip(')').rsplit(':', 1)[0].rsplit('/', 1)[-1]})"
 
 
-def _spy(pid: int, out: Path, seconds: float) -> subprocess.Popen[bytes] | None:
-    """py-spy recording process `pid` for `seconds` into `out` (raw collapsed stacks)."""
+SAMPLER = Path(__file__).parent / "pysample"  # the stand-in for py-spy: see its sitecustomize
+
+
+def _py_spy() -> str | None:
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    if not Path(spy).exists():
-        raise RuntimeError("--profile-master needs py-spy: .venv/bin/python -m pip install py-spy")
-    return subprocess.Popen([spy, "record", "-r", "250", "-d", str(max(1, round(seconds))),
-                             "-p", str(pid), "-f", "raw", "-o", str(out), "--nonblocking"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return spy if Path(spy).exists() else None
+
+
+@contextlib.contextmanager
+def sampler_env(ctl: Path | None) -> Iterator[None]:
+    """Daemons started inside get the stand-in sampler (no py-spy; `ctl`: its control
+    directory), the clients started later do not."""
+    if ctl is None:
+        yield
+        return
+    saved = {k: os.environ.get(k) for k in ("KVSTORE_SAMPLE_CTL", "PYTHONPATH")}
+    ctl.mkdir(parents=True, exist_ok=True)
+    os.environ["KVSTORE_SAMPLE_CTL"] = str(ctl)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(SAMPLER), *([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else [])])
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _spy(pid: int, out: Path, seconds: float, ctl: Path | None) -> Callable[[], None]:
+    """Record process `pid` for `seconds` into `out` (raw collapsed stacks), with py-spy
+    or (`ctl`) the stand-in sampler; returns a wait for the file."""
+    spy = _py_spy()
+    if spy is not None:
+        proc = subprocess.Popen([spy, "record", "-r", "250", "-d", str(max(1, round(seconds))),
+                                 "-p", str(pid), "-f", "raw", "-o", str(out), "--nonblocking"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return lambda: (proc.wait(timeout=60), None)[1]
+    if ctl is None:
+        raise RuntimeError("--profile-master: no py-spy and no sampler in the master")
+    on = ctl / f"{pid}.on"
+    with contextlib.suppress(FileNotFoundError):
+        out.unlink()
+    on.write_text(str(out))
+    started = time.monotonic()
+
+    def finish() -> None:
+        time.sleep(max(0.0, seconds - (time.monotonic() - started)))
+        on.unlink()
+        deadline = time.monotonic() + 30
+        while not out.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return finish
 
 
 def run_clients(args: argparse.Namespace, system: str, endpoint: dict[str, str], n: int,
                 cases: list[str], populate: bool, log: Path,
-                spy_pid: int = 0, cpu_pid: int = 0) -> list[CaseResult]:
-    """Run `cases` from `n` client processes; with `cpu_pid`, read that process's CPU
-    time (the master's) over each case."""
+                daemons: dict[str, int], profile: bool = False) -> list[CaseResult]:
+    """`daemons`: kind (master, node) -> pid, whose CPU each case measures; `profile`:
+    py-spy the master (with --profile-master)."""
     from bench.clusters import MOONCAKE_ENV, log_tail, uninterrupted
+    from bench.mix import proc_cpu
 
     procs: list[subprocess.Popen[str]] = []
     results: list[CaseResult] = []
@@ -441,19 +472,26 @@ def run_clients(args: argparse.Namespace, system: str, endpoint: dict[str, str],
             for p in procs:
                 _expect(p, f"ready {case}")
             spy = None
-            if spy_pid and args.profile_master:
+            if profile and args.profile_master and "master" in daemons:
                 out = Path(args.profile_master) / f"{system}-master-{case}-{n}c.txt"
-                spy = _spy(spy_pid, out, args.duration)
+                spy = _spy(daemons["master"], out, args.duration, args.sample_ctl)
                 time.sleep(0.3)  # attached before the clients start
-            cpu0 = proc_cpu(cpu_pid) if cpu_pid else 0.0
+            cpu0 = {k: proc_cpu(pid) for k, pid in daemons.items()}
             _tell(procs, "go")
+            for p in procs:
+                _expect(p, f"timed {case}")
+            cpu = {k: proc_cpu(pid) - cpu0[k] for k, pid in daemons.items()}
+            _tell(procs, "cleanup")
             parts = [json.loads(_expect(p, "result")) for p in procs]
-            cpu = proc_cpu(cpu_pid) - cpu0 if cpu_pid else None
-            _tell(procs, "clean")  # a write case's removals, outside the CPU window
-            results.append(merge(system, case, parts, cpu))
+            results.append(merge(system, case, parts))
+            results[-1].cpu = cpu
             if spy is not None:
-                spy.wait(timeout=60)
+                spy()
                 print(spy_top(out), flush=True)
+                gc_file = out.with_name(out.name + ".gc")
+                if gc_file.exists():
+                    print("  garbage collector meanwhile: " + "; ".join(
+                        gc_file.read_text().splitlines()), flush=True)
         for p in procs:
             p.wait(timeout=60)
     except RuntimeError as exc:
@@ -469,18 +507,11 @@ def run_clients(args: argparse.Namespace, system: str, endpoint: dict[str, str],
     return results
 
 
-def _tell(procs: list[subprocess.Popen[str]], word: str) -> None:
+def _tell(procs: list[subprocess.Popen[str]], line: str) -> None:
     for p in procs:
         assert p.stdin is not None
-        p.stdin.write(word + "\n")
+        p.stdin.write(line + "\n")
         p.stdin.flush()
-
-
-def fmt_cpu(r: CaseResult | None) -> str:
-    """The master's CPU per key, and the share of a core it kept busy: '2.31 µs (87%)'."""
-    if r is None or r.cpu_per_unit is None or r.cpu_share is None:
-        return "-"
-    return f"{r.cpu_per_unit * 1e6:.2f} µs ({r.cpu_share * 100:.0f}%)"
 
 
 def rows_for(results: list[CaseResult]) -> list[list[str]]:
@@ -500,33 +531,27 @@ def rows_for(results: list[CaseResult]) -> list[list[str]]:
         ):
             rows.append([label, str(clients), metric, fmt(a), fmt(b),
                          fmt_ratio(better_ratio(a, b, higher_is_better=hib))])
-        if o.cpu_per_unit is not None or (mc and mc.cpu_per_unit is not None):
-            rows.append([label, str(clients), "master CPU/" + unit.split("/")[0].rstrip("s"),
-                         fmt_cpu(o), fmt_cpu(mc),
-                         fmt_ratio(better_ratio(o.cpu_per_unit, mc.cpu_per_unit if mc else None,
-                                                higher_is_better=False))])
     return rows
 
 
 def render(results: list[CaseResult]) -> str:
-    head = ("ratio > 1 means kvstore is better: latency and CPU rows are Mooncake/ours, rate "
-            "rows ours/Mooncake.\nmaster CPU/key: the master's CPU (user + system) over the "
-            "case per key or object handled, and in brackets the share of one core it kept "
-            "busy.")
+    head = ("ratio > 1 means kvstore is better: latency rows are Mooncake/ours, rate rows "
+            "ours/Mooncake.")
     table = format_table(["operation: kvstore | Mooncake", "clients", "metric", "kvstore",
                           "Mooncake", "ratio"], rows_for(results), align="lrlrrr")
+    cpu_rows: list[list[str]] = []
+    for r in results:
+        if r.cpu:
+            cpu_rows.append([r.system, CASE_TEXT[r.case][0 if r.system == "ours" else 1],
+                             str(r.clients)] + [
+                f"{v:.1f}" if (v := r.cpu_us_per_unit(k)) is not None else "-"
+                for k in ("master", "node")])
+    if cpu_rows:
+        table += ("\n\nCPU per object (put64) or key, µs (user + system, from the case's "
+                  "start until every client's last timed call):\n\n" + format_table(
+                      ["system", "operation", "clients", "master", "node"], cpu_rows,
+                      align="llrrr"))
     return head + "\n\n" + table
-
-
-def idle_line(masters: list[tuple[str, int]], seconds: float = 1.0) -> str:
-    """Each master's CPU over `seconds` with no client: its background work (leases,
-    heartbeats, etcd), which the per-key figures include over each case."""
-    before = {name: proc_cpu(pid) for name, pid in masters}
-    time.sleep(seconds)
-    spent = {name: (proc_cpu(pid) - before[name]) / seconds for name, pid in masters}
-    return ("idle master CPU: " + ", ".join(f"{name} {share * 1e3:.0f} ms/s"
-                                             for name, share in spent.items())
-            + f" (read in clock ticks of {1e3 / TICKS:.0f} ms)")
 
 
 def fast_address(etcd: str) -> str:
@@ -540,15 +565,25 @@ def fast_address(etcd: str) -> str:
     return fast
 
 
+def _daemons(pids: dict[str, int]) -> dict[str, int]:
+    """master and node pids by kind (see bench.mix._kind); etcd is left out."""
+    from bench.mix import _kind
+
+    out = {}
+    for name, pid in pids.items():
+        kind = _kind(name)
+        if kind in ("master", "node") and kind not in out:
+            out[kind] = pid
+    return out
+
+
 def orchestrate(args: argparse.Namespace) -> int:
     from bench.clusters import mooncake, ours, raise_on_sigterm
 
     raise_on_sigterm()
 
     single = ["lookup128", "exists128", "exists1", "replicas128", "put64"]
-    # Every case from many clients too: a saturated master's CPU per call and per key
-    # (what docs/scaling.md's shard model takes as its service times).
-    multi = single
+    multi = ["lookup128", "put64"]
     tmp = Path(tempfile.mkdtemp(prefix="kvstore-master-ops-"))
     t_start = time.monotonic()
     results: list[CaseResult] = []
@@ -557,27 +592,25 @@ def orchestrate(args: argparse.Namespace) -> int:
               f"{args.clients} clients, kvstore over {args.transport}; logs in {tmp}",
               flush=True)
         with contextlib.ExitStack() as stack:
-            oc = stack.enter_context(ours(tmp, dram="1GiB"))
+            args.sample_ctl = (tmp / "sample-ctl" if args.profile_master and _py_spy() is None
+                               else None)
+            with sampler_env(args.sample_ctl):
+                oc = stack.enter_context(ours(tmp, dram="1GiB"))
             fast = fast_address(oc.etcd) if args.transport == "fast" else ""
             mc = stack.enter_context(mooncake(tmp, SEGMENT))
-            mc_master = next(p.pid for name, p in mc.procs if name == "mooncake_master")
-            # (system, endpoint, pid to py-spy, pid whose CPU is read)
-            systems = [("ours", {"master": oc.master, "fast": fast}, oc.pids["master"],
-                        oc.pids["master"]),
-                       ("mooncake", {"master": mc.master, "metadata": mc.metadata}, 0,
-                        mc_master)]
-            print(idle_line([(s, cpu_pid) for s, _, _, cpu_pid in systems]), flush=True)
+            systems = [("ours", {"master": oc.master, "fast": fast}, _daemons(oc.pids)),
+                       ("mooncake", {"master": mc.master, "metadata": mc.metadata},
+                        _daemons({n: p.pid for n, p in mc.procs}))]
             print("both systems up; measuring them in turn ...", flush=True)
             whole = args.duration
             args.duration = whole / args.turns  # each turn's share of every case
             for turn in range(args.turns):
                 # who goes first alternates, so a slow spell falls on both
-                for system, ep, pid, cpu_pid in systems if turn % 2 == 0 else systems[::-1]:
+                for system, ep, pids in systems if turn % 2 == 0 else systems[::-1]:
                     log = tmp / f"clients-{system}.log"
-                    results += run_clients(args, system, ep, 1, single, turn == 0, log,
-                                           cpu_pid=cpu_pid)
+                    results += run_clients(args, system, ep, 1, single, turn == 0, log, pids)
                     results += run_clients(args, system, ep, args.clients, multi, False, log,
-                                           spy_pid=pid if turn == 0 else 0, cpu_pid=cpu_pid)
+                                           pids, profile=system == "ours" and turn == 0)
             args.duration = whole
         results = pool_turns(results)
         print()
@@ -622,8 +655,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GetReplicas answered as one message per key (what clients before "
                         "the columnar answer asked for) instead of in columns")
     p.add_argument("--profile-master", metavar="DIR",
-                   help="py-spy our master during each --clients case (needs py-spy); raw "
-                        "stacks go in DIR, the top entries are printed")
+                   help="py-spy our master during each --clients case (without py-spy, a "
+                        "sampling thread in the master: bench/pysample); raw stacks go in "
+                        "DIR, the top entries are printed")
     p.add_argument("--keep-logs", action="store_true", help="keep the temporary log directory")
     p.add_argument("--worker", choices=["ours", "mooncake"], help=argparse.SUPPRESS)
     p.add_argument("--endpoint", help=argparse.SUPPRESS)

@@ -69,7 +69,7 @@ def _drain_mover(args: argparse.Namespace) -> Any:
 
 def cmd_master(args: argparse.Namespace) -> int:
     from kvstore.master.core import CoreConfig
-    from kvstore.master.daemon import MasterDaemon, MasterOptions
+    from kvstore.master.daemon import MasterDaemon, MasterOptions, tune_gc
 
     if not args.ack_timeout > 0:
         raise InvalidArgument(f"--ack-timeout must be a positive number of seconds, got "
@@ -84,6 +84,7 @@ def cmd_master(args: argparse.Namespace) -> int:
                          metrics_port=args.metrics_port, metrics_host=args.metrics_host,
                          core=core, fast_listen=args.fast_listen,
                          security=_security(args), ack_timeout=args.ack_timeout)
+    tune_gc()
     return _run_async(lambda: MasterDaemon(opts).run())
 
 

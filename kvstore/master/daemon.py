@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -61,6 +62,27 @@ class MasterOptions:
     security: DaemonSecurity | None = None
     # s a write's reply waits for its store nodes to record it (see durability.py)
     ack_timeout: float = 3.0
+
+
+# Allocations between two young-generation collections in the master process (CPython's
+# default: 700). See `tune_gc`.
+GC_GEN0 = 10_000
+
+
+def tune_gc() -> None:
+    """For the master process, once everything is imported and before it serves.
+
+    A write call leaves a few hundred short-lived objects per batch (messages, tuples,
+    dicts), nearly none in cycles, so at the default threshold the collector runs every
+    couple of calls, mostly to find nothing; and each full collection walks every
+    object the imports made (grpc, protobuf, prometheus), a pause that lands on whichever
+    put is in flight: the p99. Freezing what exists now takes those
+    out of every later collection, and a higher first threshold makes the young ones
+    rare; cycles are still collected (docs/perf-notes.md has the figures)."""
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GC_GEN0, gen1, gen2)
 
 
 class MasterDaemon:

@@ -35,24 +35,27 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvstore.errors import Code
 from kvstore.master.core import Location, ReplicaChange
 from kvstore.master.nodes import Applied, NodeLinks
-from kvstore.v1 import store_pb2 as spb
 
 # Calls whose OK promises a change a new leader must find (PutStart: only where it
 # found the key already stored, see `record`).
 RECORDED_CALLS = frozenset({"PutStart", "PutEnd", "PutCommit", "Remove"})
 
 Mark = tuple[Any, int]  # NodeLinks.mark: (the link, a place in its queue)
+# What a held reply promised, for its judgement: the keys the call found stored (with
+# their nodes) and its journal (ReplicaChange.added: committed). Kept as is and read
+# only when a node did not answer YES.
+_Added = tuple["dict[bytes, set[str]] | None", "list[ReplicaChange]"]
 
 
-@dataclass(frozen=True, slots=True)
-class Placed:
-    """A put PutStart placed: its key (as the core stores it), checksum and replicas."""
+class Placed(NamedTuple):
+    """A put PutStart placed: its key (as the core stores it), checksum and replicas.
+    A NamedTuple, not a frozen dataclass: PutStart makes one per key, and this builds
+    in about half the time."""
 
     key: bytes
     checksum: int
@@ -61,9 +64,10 @@ class Placed:
 
 
 def queue_changes(links: NodeLinks, changes: list[ReplicaChange]) -> None:
+    queue_row = links.queue_row
     for c in changes:
-        links.queue(c.node_id, spb.Replica(key=c.key, offset=c.offset, size=c.size,
-                                           checksum=c.checksum, tier=c.tier), c.added)
+        queue_row(c.node_id, (c.key, c.offset, c.size, c.checksum, c.tier, False, False,
+                              not c.added))
 
 
 class Recorder:
@@ -112,90 +116,101 @@ class Recorder:
         intents the commits replace (`records`: each carries its put record, so the
         commit is acknowledged on the placeholder's intent)."""
         changes = self._take()
-        kick, early = self._queue(changes, placed, released, renamed or {}, records)
+        kick, waits, late, any_added = self._queue(changes, placed, released, renamed or {},
+                                                   records)
         if not changes and not stored and not kick:
             return None
         if method not in RECORDED_CALLS or reply.error.code:
             self._links.kick(kick)
             return None
-        added: dict[bytes, set[str]] = {k: set(ns) for k, ns in (stored or {}).items()}
         dropped: set[str] = set()
-        for c in changes:
-            if c.added:
-                added.setdefault(c.key, set()).add(c.node_id)
-            elif method == "Remove":  # an eviction inside a put is no promise
-                dropped.add(c.node_id)
-        if method == "Remove" and self._dropping:
-            for key in released:  # intent drops still in flight: no intent outlives it
-                for node, m in self._dropping.pop(key, ()):
-                    if m[0].applied < m[1]:
-                        dropped.add(node)
-        if not added and not dropped:
+        if method == "Remove":  # an eviction inside a put is no promise
+            dropped = {c.node_id for c in changes if not c.added}
+            if self._dropping:
+                for key in released:  # intent drops still in flight: no intent outlives it
+                    for node, m in self._dropping.pop(key, ()):
+                        if m[0].applied < m[1]:
+                            dropped.add(node)
+        if stored:
+            any_added = True
+            for ns in stored.values():
+                late.update(ns)
+        if not any_added and not dropped:
             self._links.kick(kick)
             return None
-        waits = self._waits(added, dropped, early)
+        # Per node, the place in its queue the reply waits for: a commit on its intent's
+        # (`waits`, from _queue), anything else on the call's own last delta there.
+        for n in late | dropped:
+            if (end := self._links.mark(n)) is not None:
+                _later(waits, n, end)
         self._links.kick(kick)
         if not any(link.stale or link.applied < seq for link, seq in waits.values()):
             return None  # all recorded already (normally: the intents have landed)
         self.held += 1
-        return self._settle(reply, added, dropped, waits)
-
-    def _waits(self, added: dict[bytes, set[str]], dropped: set[str],
-               early: dict[tuple[bytes, str], Mark]) -> dict[str, Mark]:
-        """Per node, the place in its queue the reply waits for: a commit on its intent's,
-        anything else on the call's own last delta there."""
-        waits: dict[str, Mark] = {}
-        for key, ns in added.items():
-            for n in ns:
-                m = early.get((key, n))
-                if m is not None:
-                    self.early += 1
-                elif (m := self._links.mark(n)) is None:
-                    continue
-                _later(waits, n, m)
-        for n in dropped:
-            if (m := self._links.mark(n)) is not None:
-                _later(waits, n, m)
-        return waits
+        return self._settle(reply, (stored, changes), dropped, waits)
 
     def _queue(self, changes: list[ReplicaChange], placed: Sequence[Placed],
                released: Iterable[bytes], renamed: dict[bytes, bytes],
-               records: bool) -> tuple[set[str], dict[tuple[bytes, str], Mark]]:
+               records: bool) -> tuple[set[str], dict[str, Mark], set[str], bool]:
         """Queue a call's journal, then the drops of the intents it made moot, then its
-        new intents. Returns the nodes to kick and, per (key, node) committed on the
-        intent sent for that very placement, the intent's mark."""
+        new intents. Returns the nodes to kick; per node, the furthest mark of an intent
+        that a commit of this call was made on (the commit is acknowledged on it); the
+        nodes of the other commits (they wait for the call's own last delta there); and
+        whether the journal committed anything."""
         kick: set[str] = set()
-        early: dict[tuple[bytes, str], Mark] = {}
+        waits: dict[str, Mark] = {}
+        late: set[str] = set()
+        any_added = False
         intents = self._intents
+        queue_row = self._links.queue_row
         for c in changes:
-            self._links.queue(c.node_id, spb.Replica(key=c.key, offset=c.offset, size=c.size,
-                                                     checksum=c.checksum, tier=c.tier), c.added)
-            kick.add(c.node_id)
-            if c.added and intents and renamed and (ph := renamed.get(c.key)) is not None:
-                # A placeholder's intent, replaced by this commit: dropped after it.
-                sent = intents.get(ph)
-                mine = sent.pop(c.node_id, None) if sent is not None else None
-                if sent is not None and not sent:
-                    del intents[ph]
-                if mine is not None:
-                    if records and mine[0] == c.offset:
-                        early[(c.key, c.node_id)] = mine[1]
-                    kick |= self._drop_intents(ph, {c.node_id: mine})
-            elif c.added and intents:
-                sent = intents.pop(c.key, None)
-                if sent is not None:
-                    mine = sent.pop(c.node_id, None)
-                    if mine is not None and mine[0] == c.offset:
-                        early[(c.key, c.node_id)] = mine[1]
-                    if sent:  # an earlier attempt's intent on another node
-                        kick |= self._drop_intents(c.key, sent)
+            node = c.node_id
+            added = c.added
+            queue_row(node, (c.key, c.offset, c.size, c.checksum, c.tier, False, False,
+                             not added))
+            kick.add(node)
+            if not added:
+                continue
+            any_added = True
+            mark = self._replaced(c, renamed, records, kick) if intents else None
+            if mark is None:
+                late.add(node)
+            else:
+                self.early += 1
+                have = waits.get(node)  # _later, inlined: once per object
+                if have is None or have[0] is not mark[0] or have[1] < mark[1]:
+                    waits[node] = mark
         for key in released:
             sent = intents.pop(key, None)
             if sent:
                 kick |= self._drop_intents(key, sent)
-        for p in placed:
-            kick |= self._send_intents(p)
-        return kick, early
+        if placed:
+            kick |= self._send_intents(placed)
+        return kick, waits, late, any_added
+
+    def _replaced(self, c: ReplicaChange, renamed: dict[bytes, bytes], records: bool,
+                  kick: set[str]) -> Mark | None:
+        """Forget the intent commit `c` replaces (queueing the drops it makes moot, their
+        nodes added to `kick`); its mark if the commit is acknowledged on it."""
+        intents = self._intents
+        node = c.node_id
+        if renamed and (ph := renamed.get(c.key)) is not None:
+            # A placeholder's intent, replaced by this commit: dropped after it.
+            sent = intents.get(ph)
+            mine = sent.pop(node, None) if sent is not None else None
+            if sent is not None and not sent:
+                del intents[ph]
+            if mine is None:
+                return None
+            kick |= self._drop_intents(ph, {node: mine})
+            return mine[1] if records and mine[0] == c.offset else None
+        sent = intents.pop(c.key, None)
+        if sent is None:
+            return None
+        mine = sent.pop(node, None)
+        if sent:  # an earlier attempt's intent on another node
+            kick |= self._drop_intents(c.key, sent)
+        return mine[1] if mine is not None and mine[0] == c.offset else None
 
     def forget(self, keys: Iterable[bytes]) -> None:
         """PENDING objects the core dropped on its own (reclaimed at the put timeout,
@@ -209,37 +224,44 @@ class Recorder:
                 kick |= self._drop_intents(key, sent)
         self._links.kick(kick)
 
-    def _send_intents(self, p: Placed) -> set[str]:
+    def _send_intents(self, placed: Sequence[Placed]) -> set[str]:
         out: set[str] = set()
-        mine: dict[str, tuple[int, Mark]] = {}
-        old = self._intents.pop(p.key, None)
-        for loc in p.locations:
-            base = self._base_of(loc.node_id)
-            if base is None or loc.tier != "dram":
-                continue
-            offset = loc.addr - base
-            if old is not None and (was := old.get(loc.node_id)) is not None and was[0] == offset:
-                mine[loc.node_id] = old.pop(loc.node_id)  # the same placement, started again
-                continue
-            self._links.queue(loc.node_id, spb.Replica(
-                key=p.key, offset=offset, size=loc.size, checksum=p.checksum, tier="dram",
-                pending=True, record=p.record), True)
-            m = self._links.mark(loc.node_id)
-            if m is not None:
-                mine[loc.node_id] = (offset, m)
-                out.add(loc.node_id)
-                self.intents += 1
-        if old:
-            out |= self._drop_intents(p.key, old)
-        if mine:
-            self._intents[p.key] = mine
+        intents = self._intents
+        queue_row = self._links.queue_row
+        base_of = self._base_of
+        bases: dict[str, int | None] = {}  # per call: one look-up per node, not per key
+        for p in placed:
+            key = p.key
+            mine: dict[str, tuple[int, Mark]] = {}
+            old = intents.pop(key, None)
+            for loc in p.locations:
+                node = loc.node_id
+                if node in bases:
+                    base = bases[node]
+                else:
+                    base = bases[node] = base_of(node)
+                if base is None or loc.tier != "dram":
+                    continue
+                offset = loc.addr - base
+                if old is not None and (was := old.get(node)) is not None and was[0] == offset:
+                    mine[node] = old.pop(node)  # the same placement, started again
+                    continue
+                m = queue_row(node, (key, offset, loc.size, p.checksum, "dram", True, p.record,
+                                     False))
+                if m is not None:
+                    mine[node] = (offset, m)
+                    out.add(node)
+                    self.intents += 1
+            if old:
+                out |= self._drop_intents(key, old)
+            if mine:
+                intents[key] = mine
         return out
 
     def _drop_intents(self, key: bytes, sent: dict[str, tuple[int, Mark]]) -> set[str]:
         dropping = self._dropping.get(key)
         for node, (offset, _m) in sent.items():
-            self._links.queue(node, spb.Replica(key=key, offset=offset, tier="dram"), False)
-            m = self._links.mark(node)
+            m = self._links.queue_row(node, (key, offset, 0, 0, "dram", False, False, True))
             if m is not None:
                 if dropping is None:
                     dropping = self._dropping[key] = []
@@ -256,7 +278,7 @@ class Recorder:
             else:
                 del self._dropping[key]
 
-    def _settle(self, reply: Any, added: dict[bytes, set[str]], dropped: set[str],
+    def _settle(self, reply: Any, added: _Added, dropped: set[str],
                 marks: dict[str, Any]) -> asyncio.Future[None]:
         """A future resolved once every node answered (or the timeout passed), with the
         reply's error set if the change is not recorded. Callbacks only: no task per
@@ -288,13 +310,20 @@ class Recorder:
             finish()
         return done
 
-    def _judge(self, reply: Any, added: dict[bytes, set[str]], dropped: set[str],
+    def _judge(self, reply: Any, what: _Added, dropped: set[str],
                got: dict[str, Applied]) -> None:
+        if all(a is Applied.YES for a in got.values()):
+            return  # the usual case: no need to know which key was where
         # A node the leader has no link to cannot be told anything: nothing to wait for.
         if any(a is Applied.STALE for a in got.values()):
             self._refuse(reply, Code.NOT_LEADER, "a newer leader has taken over the store "
                          "nodes; retry, the client finds the new leader")
             return
+        stored, changes = what
+        added: dict[bytes, set[str]] = {k: set(ns) for k, ns in (stored or {}).items()}
+        for c in changes:
+            if c.added:
+                added.setdefault(c.key, set()).add(c.node_id)
         unrecorded = [k for k, ns in added.items()
                       if not any(got.get(n, Applied.YES) is Applied.YES for n in ns)]
         late = sorted(n for n in dropped if got.get(n) is Applied.LATE)

@@ -48,12 +48,41 @@ class Applied(enum.Enum):
     LATE = "late"  # not applied within the wait (the node is slow or unreachable)
 
 
+# One queued change: key, offset, size, checksum, tier, pending, record, drop (the fields
+# of spb.Change and its Replica). Kept as a tuple until its Apply is built: a message per
+# change made at queue time and copied into the request cost ~3x as much (a put queues
+# two: its intent and its commit).
+Row = tuple[bytes, int, int, int, str, bool, bool, bool]
+
+
+def apply_request(epoch: int, rows: list[Row]) -> spb.ApplyRequest:
+    """The ApplyRequest carrying `rows`, in order. add() and attribute stores, each
+    default left unset: with upb, about 3x faster than Change(replica=Replica(...))."""
+    request = spb.ApplyRequest(epoch=epoch)
+    add = request.changes.add
+    for key, offset, size, checksum, tier, pending, record, drop in rows:
+        r = (add(drop=True) if drop else add()).replica
+        r.key = key
+        if offset:
+            r.offset = offset
+        if size:
+            r.size = size
+        if checksum:
+            r.checksum = checksum
+        r.tier = tier
+        if pending:
+            r.pending = True
+        if record:
+            r.record = True
+    return request
+
+
 @dataclass
 class _Link:
     address: str
     channel: grpc.aio.Channel
     stub: spbg.StoreNodeStub
-    changes: list[spb.Change] = field(default_factory=list)  # queued, in order
+    changes: list[Row] = field(default_factory=list)  # queued, in order
     tls: bool = False
     queued: int = 0  # deltas ever queued for this node
     applied: int = 0  # of those, how many the node has applied (in order)
@@ -138,16 +167,24 @@ class NodeLinks:
     def queue(self, node_id: str, replica: spb.Replica, added: bool) -> int:
         """Queue one change; returns its place in the node's queue (`applied` reaches it
         once the node has it), 0 if the leader has no link to the node."""
+        m = self.queue_row(node_id, (replica.key, replica.offset, replica.size,
+                                     replica.checksum, replica.tier, replica.pending,
+                                     replica.record, not added))
+        return 0 if m is None else m[1]
+
+    def queue_row(self, node_id: str, row: Row) -> tuple[_Link, int] | None:
+        """Queue one change (see `Row`); returns its mark (see `mark`: the node's queue
+        ends there now), None if the leader has no link to the node."""
         link = self._links.get(node_id)
         if link is None:
-            return 0
+            return None
         target = link.changes
-        target.append(spb.Change(replica=replica, drop=not added))
+        target.append(row)
         link.queued += 1
         if len(target) > MAX_QUEUED:
             del target[: len(target) - MAX_QUEUED]
             self.deltas_dropped += 1
-        return link.queued
+        return link, link.queued
 
     def applied(self, node_id: str, seq: int) -> bool:
         """Whether the node has applied its queue up to `seq` (see `queue`)."""
@@ -251,8 +288,8 @@ class NodeLinks:
                 keep.append((seq, future))
         link.waiters = keep
 
-    async def _apply(self, node_id: str, link: _Link, changes: list[spb.Change]) -> Applied:
-        request = spb.ApplyRequest(epoch=self._epoch(), changes=changes)
+    async def _apply(self, node_id: str, link: _Link, changes: list[Row]) -> Applied:
+        request = apply_request(self._epoch(), changes)
         try:
             if link.fast is not None:
                 reply = await link.fast.apply(request, APPLY_TIMEOUT)

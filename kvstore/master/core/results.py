@@ -222,6 +222,29 @@ class ReplicaChange:
     added: bool
 
 
+_CHANGE_FIELDS = ("node_id", "tier", "key", "offset", "size", "checksum", "added")
+if tuple(f.name for f in dataclasses.fields(ReplicaChange)) != _CHANGE_FIELDS:  # pragma: no cover
+    raise ImportError("ReplicaChange changed: update replica_change() below, which sets its "
+                      "fields one by one")
+_CHANGE_SETTERS = tuple(ReplicaChange.__dict__[f].__set__ for f in _CHANGE_FIELDS)
+
+
+def replica_change(node_id: str, tier: Tier, key: bytes, offset: int, size: int,
+                   checksum: int, added: bool) -> ReplicaChange:
+    """ReplicaChange(...) at about half the cost, as location() does for Location: every
+    commit and every free journals one per replica."""
+    c = _new_object(ReplicaChange)
+    s_node, s_tier, s_key, s_offset, s_size, s_checksum, s_added = _CHANGE_SETTERS
+    s_node(c, node_id)
+    s_tier(c, tier)
+    s_key(c, key)
+    s_offset(c, offset)
+    s_size(c, size)
+    s_checksum(c, checksum)
+    s_added(c, added)
+    return c
+
+
 @dataclass(frozen=True, slots=True)
 class TierMove:
     """A copy a store node must make between its DRAM segment and its SSD tier:

@@ -37,7 +37,17 @@ from .lifecycle import GONE, PENDING
 from .lru import LruList
 from .objects import ObjectTable
 from .quarantine import Memory, Quarantine, Range, Until, memory_of, move_tag, put_tag, timeout_tag
-from .results import Event, Location, MoveKind, NodeInfo, ReplicaChange, Tier, TierMove, location
+from .results import (
+    Event,
+    Location,
+    MoveKind,
+    NodeInfo,
+    ReplicaChange,
+    Tier,
+    TierMove,
+    location,
+    replica_change,
+)
 from .segments import DRAM, OFFSET_BITS, OFFSET_MASK, SSD, Segment, SegmentMap, alloc_size
 from .window import RecentCounts
 
@@ -385,18 +395,20 @@ class CoreState:
         by_id = self.segments.by_id
         size = t.size[s]
         checksum = t.checksum[s]
+        assert self.journal is not None
+        append = self.journal.append  # journal_range, inlined: once per replica
         for h in t.handles(s) if handles is None else handles:
             seg = by_id.get(h >> OFFSET_BITS)
             if seg is not None:
-                self.journal_range(seg.node_id, seg.tier, key, h & OFFSET_MASK, size,
-                                   checksum, added)
+                append(replica_change(seg.node_id, seg.tier, key, h & OFFSET_MASK, size,
+                                      checksum, added))
 
     def journal_range(self, node_id: str, tier: Tier, key: bytes, offset: int, size: int,
                       checksum: int, added: bool) -> None:
         """Journal one range of a node's inventory (the journal must be on): also one no
         object owns any more (a demotion's file whose object went while it moved)."""
         assert self.journal is not None
-        self.journal.append(ReplicaChange(node_id, tier, key, offset, size, checksum, added))
+        self.journal.append(replica_change(node_id, tier, key, offset, size, checksum, added))
 
     def slots_on(self, seg_ids: set[int]) -> list[int]:
         """Live objects (PENDING or COMPLETE) with a replica in one of these segments,
