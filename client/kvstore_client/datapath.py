@@ -13,6 +13,7 @@ memcpy. Time comes from the client's clock; the sleep between polls is the drive
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -246,10 +247,13 @@ class DataPath:
         status = self.transfer.status
         now = self.now
         # A batch submitted at once is polled without sleeping for about the time its
-        # bytes need at POLL_RATE (SPIN_MAX at most), then asleep like any other: one
-        # still moving after that waits for CPU (the engine's threads, the node's on a
-        # small host) or for its node, and a spinning waiter only takes CPU from them.
-        spin_until = now() + min(SPIN_MAX, t.total / POLL_RATE) if t.spin else 0.0
+        # bytes need at POLL_RATE (within [SPIN_MIN, SPIN_MAX]), then asleep like any
+        # other: one still moving after that waits for CPU (the engine's threads, the
+        # node's on a small host) or for its node. While it spins it yields the CPU
+        # between polls, so that on a busy host those threads run instead: a sleep
+        # would overshoot a short transfer by more than the transfer itself.
+        spin_until = (now() + min(SPIN_MAX, max(SPIN_MIN, t.total / POLL_RATE))
+                      if t.spin else 0.0)
         nap = 0.0
         while True:
             still = []
@@ -294,6 +298,7 @@ class DataPath:
                         "timeout); the node may be frozen or cut off"))
                 break
             if at < spin_until:
+                os.sched_yield()
                 continue
             nap = next_nap(nap, sum(p[3] for p in pending), landed)
             sleep(nap)
@@ -326,14 +331,17 @@ MAX_PIECES = 64
 # POLL_RATE, each poll that finds nothing landed doubles it, within [POLL_MIN, POLL_MAX]
 # seconds (see next_nap); each round asks about the pieces in the order they were
 # submitted, and stops after POLL_WINDOW that are still moving. A batch submitted at
-# once (at_once) is first polled without sleeping, for the time its bytes need at
-# POLL_RATE, SPIN_MAX at most: about what one sleep costs in CPU and in the time it
-# overshoots (timer slack), so spinning longer never pays.
+# once (at_once) is first polled without sleeping, yielding the CPU between polls, for
+# the time its bytes need at POLL_RATE within [SPIN_MIN, SPIN_MAX]: a single put's
+# transfer, on an idle host, ends within SPIN_MIN, where the first sleeps would add
+# their timer slack to its latency; one still moving after SPIN_MAX is waiting for
+# CPU or its node, and spinning longer never pays.
 POLL_RATE = 8e9
 POLL_MIN = 20e-6
 POLL_MAX = 2e-3
 POLL_WINDOW = 8
-SPIN_MAX = 50e-6
+SPIN_MIN = 200e-6
+SPIN_MAX = 300e-6
 
 
 def next_nap(nap: float, left: int, landed: bool) -> float:
