@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ctypes
 import signal
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 import pytest
@@ -102,20 +104,31 @@ def test_a_put_acknowledged_on_its_intent_alone_survives_the_leader(
 
             wait_until(intent_landed, timeout=30, what="the node holds x's intent")
         node = procs[loc.node_id]
-        node.kill(signal.SIGSTOP)
-        try:
-            # An Apply to the frozen node in flight: x's commit queues behind it.
-            other = master.PutStart(pb.PutStartRequest(
-                keys=[b"y"], sizes=[len(data)], checksums=[1], replicas=1, writer="t"),
-                timeout=10)
-            assert other.items[0].code == Code.OK
-            end = master.PutEnd(pb.KeysRequest(keys=[b"x"], writer="t"), timeout=10)
-            assert not end.error.code, end.error.message
-            assert list(end.codes) == [Code.OK]
-            c.masters[0][0].kill(signal.SIGKILL)
-        finally:
-            node.kill(signal.SIGCONT)
+        _acknowledged_with_the_node_frozen(c, node, master, len(data), lambda: master.PutEnd(
+            pb.KeysRequest(keys=[b"x"], writer="t"), timeout=10))
     local.close()
+    _the_new_leader_reads_x(c, b, data)
+
+
+def _acknowledged_with_the_node_frozen(c: Cluster, node: Any, master: Any, size: int,
+                                       acknowledge: Callable[[], Any]) -> None:
+    """Freeze `node` with an Apply to it in flight (a PutStart placed there), so that
+    x's commit queues behind it; `acknowledge` x's put (its OK must not wait for the
+    node); kill the leader; thaw the node."""
+    node.kill(signal.SIGSTOP)
+    try:
+        other = master.PutStart(pb.PutStartRequest(
+            keys=[b"y"], sizes=[size], checksums=[1], replicas=1, writer="t"), timeout=10)
+        assert other.items[0].code == Code.OK
+        reply = acknowledge()
+        assert not reply.error.code, reply.error.message
+        assert list(reply.codes) == [Code.OK]
+        c.masters[0][0].kill(signal.SIGKILL)
+    finally:
+        node.kill(signal.SIGCONT)
+
+
+def _the_new_leader_reads_x(c: Cluster, b: str, data: bytes) -> None:
     wait_for_leader(c, b)
     c.wait_nodes(2, address=b)
     with KVStoreClient(etcd=c.etcd, timeout=15) as client:
@@ -159,22 +172,9 @@ def test_a_one_call_put_acknowledged_on_its_record_survives_the_leader(
         assert loc.node_id in {p.node_id for p in probe.items[0].locations}
         done = master.PutEnd(pb.KeysRequest(keys=[b"probe"], writer="t"), timeout=10)
         assert not done.error.code, done.error.message
-        node.kill(signal.SIGSTOP)
-        try:
-            other = master.PutStart(pb.PutStartRequest(
-                keys=[b"y"], sizes=[len(data)], checksums=[1], replicas=1, writer="t"),
-                timeout=10)
-            assert other.items[0].code == Code.OK
-            commit = master.PutCommit(pb.PutCommitRequest(
-                placeholders=[placeholder], keys=[b"x"], sizes=[len(data)],
-                checksums=[checksum(data)], writer="t", records=True), timeout=10)
-            assert not commit.error.code, commit.error.message
-            assert list(commit.codes) == [Code.OK]
-            c.masters[0][0].kill(signal.SIGKILL)
-        finally:
-            node.kill(signal.SIGCONT)
+        _acknowledged_with_the_node_frozen(c, node, master, len(data), lambda: master.PutCommit(
+            pb.PutCommitRequest(placeholders=[placeholder], keys=[b"x"], sizes=[len(data)],
+                                checksums=[checksum(data)], writer="t", records=True),
+            timeout=10))
     local.close()
-    wait_for_leader(c, b)
-    c.wait_nodes(2, address=b)
-    with KVStoreClient(etcd=c.etcd, timeout=15) as client:
-        assert client.get(b"x") == data
+    _the_new_leader_reads_x(c, b, data)

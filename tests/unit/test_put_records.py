@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import itertools
+from typing import Any
 
 import pytest
 
@@ -152,14 +153,20 @@ def _commit(node: str, key: bytes, offset: int) -> ReplicaChange:
     return ReplicaChange(node, "dram", key, offset, 4, 7, True)  # type: ignore[arg-type]
 
 
+async def _placeholder_intent_landed(journal: list[ReplicaChange]) -> Any:
+    """A recorder with one node, "a", that has applied PH's intent (placed at 64)."""
+    rec, links, nodes = recorder(journal, "a")
+    p = placed(PH, 64, "a", checksum=0)
+    rec.record("PutStart", pb.PutStartResponse(), {},
+               [type(p)(p.key, 0, p.locations, record=True)])
+    await wait_until_async(lambda: links._links["a"].applied == 1, what="the intent landed")
+    return rec, links, nodes
+
+
 def test_a_commit_with_records_waits_only_for_the_placeholders_intent() -> None:
     async def main() -> None:
         journal: list[ReplicaChange] = []
-        rec, links, nodes = recorder(journal, "a")
-        p = placed(PH, 64, "a", checksum=0)
-        rec.record("PutStart", pb.PutStartResponse(), {},
-                   [type(p)(p.key, 0, p.locations, record=True)])
-        await wait_until_async(lambda: links._links["a"].applied == 1, what="the intent landed")
+        rec, links, nodes = await _placeholder_intent_landed(journal)
         (c,) = nodes["a"].calls[0].changes
         assert (c.replica.key, c.replica.pending, c.replica.record) == (PH, True, True)
         nodes["a"].gate.clear()  # the commit will not land while the reply is decided
@@ -183,11 +190,7 @@ def test_a_commit_without_records_waits_for_its_own_delta() -> None:
     rule, and the placeholder's intent is dropped all the same."""
     async def main() -> None:
         journal: list[ReplicaChange] = []
-        rec, links, nodes = recorder(journal, "a")
-        p = placed(PH, 64, "a", checksum=0)
-        rec.record("PutStart", pb.PutStartResponse(), {},
-                   [type(p)(p.key, 0, p.locations, record=True)])
-        await wait_until_async(lambda: links._links["a"].applied == 1, what="the intent landed")
+        rec, links, nodes = await _placeholder_intent_landed(journal)
         nodes["a"].gate.clear()
         journal.append(_commit("a", b"k", 64))
         reply = pb.CodesResponse(codes=[Code.OK])
