@@ -15,8 +15,8 @@ import numpy as np
 
 from kvstore.transfer import Transfer
 
-CHUNKS = 4
-CHUNK_BYTES = 1 << 20  # a batch of one-call puts is at most half the reservation budget
+CHUNKS = 8
+CHUNK_BYTES = 8 << 10  # one put's records (puts.RECORDS_UP_TO at most) of the longest keys
 
 
 class RecordArea:
