@@ -30,6 +30,7 @@ class Code(IntEnum):
     UNAUTHENTICATED = 13
     PERMISSION_DENIED = 14
     QUOTA_EXCEEDED = 15
+    WRONG_SHARD = 16
 
 
 class KVStoreError(Exception):
@@ -129,6 +130,13 @@ class QuotaExceeded(StoreFull):
     code = Code.QUOTA_EXCEEDED
 
 
+class WrongShard(InvalidArgument):
+    """A key sent to a master shard it does not hash to: the caller's shard count is not
+    the cluster's (a client of another cluster, or a bug in the caller's routing)."""
+
+    code = Code.WRONG_SHARD
+
+
 _BY_CODE: dict[Code, type[KVStoreError]] = {
     Code.NOT_FOUND: NotFound,
     Code.ALREADY_EXISTS: AlreadyExists,
@@ -145,6 +153,7 @@ _BY_CODE: dict[Code, type[KVStoreError]] = {
     Code.UNAUTHENTICATED: Unauthenticated,
     Code.PERMISSION_DENIED: PermissionDenied,
     Code.QUOTA_EXCEEDED: QuotaExceeded,
+    Code.WRONG_SHARD: WrongShard,
 }
 
 

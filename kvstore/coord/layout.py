@@ -23,17 +23,36 @@ def _known(cls: type, fields: dict[str, Any]) -> dict[str, Any]:
 
 
 class Layout:
-    def __init__(self, cluster: str = DEFAULT_CLUSTER) -> None:
+    """The keys of one cluster, as seen by one shard of its control plane.
+
+    With one shard (the default) the leader and master keys are where they always were;
+    with N shards each shard has its own under `shards/<i>/`. Nodes, configuration and
+    drain marks are the cluster's, shared by every shard."""
+
+    def __init__(self, cluster: str = DEFAULT_CLUSTER, shard: int = 0, shards: int = 1) -> None:
+        self.cluster = cluster
         self.root = f"/kvstore/{cluster}/".encode()
+        self.shard = shard
+        self.shards = shards
+        self._own = self.root if shards <= 1 else self.root + f"shards/{shard}/".encode()
+
+    def for_shard(self, shard: int, shards: int) -> Layout:
+        return Layout(self.cluster, shard, shards)
+
+    @property
+    def shard_count(self) -> bytes:
+        """The cluster's shard count, written once by the first master (decimal text);
+        absent: a cluster of one shard from before shards existed."""
+        return self.root + b"shards/count"
 
     @property
     def leader(self) -> bytes:
-        """Lease-bound; its create revision is the leader epoch."""
-        return self.root + b"leader"
+        """Lease-bound; its create revision is the leader epoch (of this shard)."""
+        return self._own + b"leader"
 
     @property
     def masters(self) -> bytes:
-        return self.root + b"masters/"
+        return self._own + b"masters/"
 
     def master(self, master_id: str) -> bytes:
         return self.masters + master_id.encode()

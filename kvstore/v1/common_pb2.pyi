@@ -23,6 +23,7 @@ class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UNAUTHENTICATED: _ClassVar[Code]
     PERMISSION_DENIED: _ClassVar[Code]
     QUOTA_EXCEEDED: _ClassVar[Code]
+    WRONG_SHARD: _ClassVar[Code]
 OK: Code
 NOT_FOUND: Code
 ALREADY_EXISTS: Code
@@ -39,6 +40,7 @@ BUSY: Code
 UNAUTHENTICATED: Code
 PERMISSION_DENIED: Code
 QUOTA_EXCEEDED: Code
+WRONG_SHARD: Code
 
 class Error(_message.Message):
     __slots__ = ("code", "message")

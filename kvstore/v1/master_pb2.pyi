@@ -298,7 +298,7 @@ class NodeStatus(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., segment: _Optional[str] = ..., tier: _Optional[str] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., pinned: _Optional[int] = ..., objects: _Optional[int] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
-    __slots__ = ("error", "epoch", "leader", "nodes", "objects_complete", "objects_pending", "bytes_complete", "bytes_pending", "active_leases", "counters_json", "recent_lookup_keys", "recent_hit_keys", "recent_seconds", "draining", "leader_for_seconds")
+    __slots__ = ("error", "epoch", "leader", "nodes", "objects_complete", "objects_pending", "bytes_complete", "bytes_pending", "active_leases", "counters_json", "recent_lookup_keys", "recent_hit_keys", "recent_seconds", "draining", "leader_for_seconds", "shard", "shards")
     ERROR_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
@@ -314,6 +314,8 @@ class ClusterStatusResponse(_message.Message):
     RECENT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     LEADER_FOR_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
     error: _common_pb2.Error
     epoch: int
     leader: str
@@ -329,7 +331,9 @@ class ClusterStatusResponse(_message.Message):
     recent_seconds: float
     draining: _containers.RepeatedScalarFieldContainer[str]
     leader_for_seconds: float
-    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., leader: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., objects_complete: _Optional[int] = ..., objects_pending: _Optional[int] = ..., bytes_complete: _Optional[int] = ..., bytes_pending: _Optional[int] = ..., active_leases: _Optional[int] = ..., counters_json: _Optional[str] = ..., recent_lookup_keys: _Optional[int] = ..., recent_hit_keys: _Optional[int] = ..., recent_seconds: _Optional[float] = ..., draining: _Optional[_Iterable[str]] = ..., leader_for_seconds: _Optional[float] = ...) -> None: ...
+    shard: int
+    shards: int
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., leader: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., objects_complete: _Optional[int] = ..., objects_pending: _Optional[int] = ..., bytes_complete: _Optional[int] = ..., bytes_pending: _Optional[int] = ..., active_leases: _Optional[int] = ..., counters_json: _Optional[str] = ..., recent_lookup_keys: _Optional[int] = ..., recent_hit_keys: _Optional[int] = ..., recent_seconds: _Optional[float] = ..., draining: _Optional[_Iterable[str]] = ..., leader_for_seconds: _Optional[float] = ..., shard: _Optional[int] = ..., shards: _Optional[int] = ...) -> None: ...
 
 class NodeListRequest(_message.Message):
     __slots__ = ()
@@ -580,11 +584,13 @@ class GetConfigResponse(_message.Message):
     def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., settings: _Optional[_Iterable[_Union[ConfigSetting, _Mapping]]] = ...) -> None: ...
 
 class WhoLeadsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("shard",)
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    shard: int
+    def __init__(self, shard: _Optional[int] = ...) -> None: ...
 
 class WhoLeadsResponse(_message.Message):
-    __slots__ = ("error", "epoch", "is_leader", "master_id", "address", "fast", "tls")
+    __slots__ = ("error", "epoch", "is_leader", "master_id", "address", "fast", "tls", "shard", "shards")
     ERROR_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     IS_LEADER_FIELD_NUMBER: _ClassVar[int]
@@ -592,6 +598,8 @@ class WhoLeadsResponse(_message.Message):
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     FAST_FIELD_NUMBER: _ClassVar[int]
     TLS_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
     error: _common_pb2.Error
     epoch: int
     is_leader: bool
@@ -599,7 +607,9 @@ class WhoLeadsResponse(_message.Message):
     address: str
     fast: str
     tls: bool
-    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., is_leader: _Optional[bool] = ..., master_id: _Optional[str] = ..., address: _Optional[str] = ..., fast: _Optional[str] = ..., tls: _Optional[bool] = ...) -> None: ...
+    shard: int
+    shards: int
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., is_leader: _Optional[bool] = ..., master_id: _Optional[str] = ..., address: _Optional[str] = ..., fast: _Optional[str] = ..., tls: _Optional[bool] = ..., shard: _Optional[int] = ..., shards: _Optional[int] = ...) -> None: ...
 
 class SetConfigRequest(_message.Message):
     __slots__ = ("settings", "unset")

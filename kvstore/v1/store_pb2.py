@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from kvstore.v1 import common_pb2 as kvstore_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvstore/v1/store.proto\x12\nkvstore.v1\x1a\x17kvstore/v1/common.proto\"n\n\x08MoveItem\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\x04\x12\x13\n\x0b\x64ram_offset\x18\x05 \x01(\x04\x12\x12\n\nssd_offset\x18\x06 \x01(\x04\"A\n\x0bMoveRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12#\n\x05items\x18\x02 \x03(\x0b\x32\x14.kvstore.v1.MoveItem\"Q\n\x0cMoveResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.kvstore.v1.Error\x12\x1f\n\x05\x63odes\x18\x02 \x03(\x0e\x32\x10.kvstore.v1.Code\"u\n\x07Replica\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\x04\x12\x0c\n\x04tier\x18\x05 \x01(\t\x12\x0f\n\x07pending\x18\x06 \x01(\x08\x12\x0e\n\x06record\x18\x07 \x01(\x08\"<\n\x06\x43hange\x12$\n\x07replica\x18\x01 \x01(\x0b\x32\x13.kvstore.v1.Replica\x12\x0c\n\x04\x64rop\x18\x02 \x01(\x08\"\x87\x01\n\x0c\x41pplyRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12 \n\x03\x61\x64\x64\x18\x02 \x03(\x0b\x32\x13.kvstore.v1.Replica\x12!\n\x04\x64rop\x18\x03 \x03(\x0b\x32\x13.kvstore.v1.Replica\x12#\n\x07\x63hanges\x18\x04 \x03(\x0b\x32\x12.kvstore.v1.Change\"1\n\rApplyResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.kvstore.v1.Error\"8\n\x10InventoryRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x15\n\ridentity_only\x18\x02 \x01(\x08\"\x9f\x01\n\x11InventoryResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.kvstore.v1.Error\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12%\n\x08replicas\x18\x03 \x03(\x0b\x32\x13.kvstore.v1.Replica\x12\x0f\n\x07segment\x18\x04 \x01(\t\x12\x11\n\tbase_addr\x18\x05 \x01(\x04\x12\x0c\n\x04size\x18\x06 \x01(\x04\x32\xce\x01\n\tStoreNode\x12<\n\x05\x41pply\x12\x18.kvstore.v1.ApplyRequest\x1a\x19.kvstore.v1.ApplyResponse\x12H\n\tInventory\x12\x1c.kvstore.v1.InventoryRequest\x1a\x1d.kvstore.v1.InventoryResponse\x12\x39\n\x04Move\x12\x17.kvstore.v1.MoveRequest\x1a\x18.kvstore.v1.MoveResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvstore/v1/store.proto\x12\nkvstore.v1\x1a\x17kvstore/v1/common.proto\"n\n\x08MoveItem\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\x0c\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\x04\x12\x13\n\x0b\x64ram_offset\x18\x05 \x01(\x04\x12\x12\n\nssd_offset\x18\x06 \x01(\x04\"P\n\x0bMoveRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12#\n\x05items\x18\x02 \x03(\x0b\x32\x14.kvstore.v1.MoveItem\x12\r\n\x05shard\x18\x03 \x01(\r\"Q\n\x0cMoveResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.kvstore.v1.Error\x12\x1f\n\x05\x63odes\x18\x02 \x03(\x0e\x32\x10.kvstore.v1.Code\"u\n\x07Replica\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\x04\x12\x0c\n\x04tier\x18\x05 \x01(\t\x12\x0f\n\x07pending\x18\x06 \x01(\x08\x12\x0e\n\x06record\x18\x07 \x01(\x08\"<\n\x06\x43hange\x12$\n\x07replica\x18\x01 \x01(\x0b\x32\x13.kvstore.v1.Replica\x12\x0c\n\x04\x64rop\x18\x02 \x01(\x08\"\x96\x01\n\x0c\x41pplyRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12 \n\x03\x61\x64\x64\x18\x02 \x03(\x0b\x32\x13.kvstore.v1.Replica\x12!\n\x04\x64rop\x18\x03 \x03(\x0b\x32\x13.kvstore.v1.Replica\x12#\n\x07\x63hanges\x18\x04 \x03(\x0b\x32\x12.kvstore.v1.Change\x12\r\n\x05shard\x18\x05 \x01(\r\"1\n\rApplyResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.kvstore.v1.Error\"W\n\x10InventoryRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x15\n\ridentity_only\x18\x02 \x01(\x08\x12\r\n\x05shard\x18\x03 \x01(\r\x12\x0e\n\x06shards\x18\x04 \x01(\r\"\x9f\x01\n\x11InventoryResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.kvstore.v1.Error\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12%\n\x08replicas\x18\x03 \x03(\x0b\x32\x13.kvstore.v1.Replica\x12\x0f\n\x07segment\x18\x04 \x01(\t\x12\x11\n\tbase_addr\x18\x05 \x01(\x04\x12\x0c\n\x04size\x18\x06 \x01(\x04\x32\xce\x01\n\tStoreNode\x12<\n\x05\x41pply\x12\x18.kvstore.v1.ApplyRequest\x1a\x19.kvstore.v1.ApplyResponse\x12H\n\tInventory\x12\x1c.kvstore.v1.InventoryRequest\x1a\x1d.kvstore.v1.InventoryResponse\x12\x39\n\x04Move\x12\x17.kvstore.v1.MoveRequest\x1a\x18.kvstore.v1.MoveResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,21 +35,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MOVEITEM']._serialized_start=63
   _globals['_MOVEITEM']._serialized_end=173
   _globals['_MOVEREQUEST']._serialized_start=175
-  _globals['_MOVEREQUEST']._serialized_end=240
-  _globals['_MOVERESPONSE']._serialized_start=242
-  _globals['_MOVERESPONSE']._serialized_end=323
-  _globals['_REPLICA']._serialized_start=325
-  _globals['_REPLICA']._serialized_end=442
-  _globals['_CHANGE']._serialized_start=444
-  _globals['_CHANGE']._serialized_end=504
-  _globals['_APPLYREQUEST']._serialized_start=507
-  _globals['_APPLYREQUEST']._serialized_end=642
-  _globals['_APPLYRESPONSE']._serialized_start=644
-  _globals['_APPLYRESPONSE']._serialized_end=693
-  _globals['_INVENTORYREQUEST']._serialized_start=695
-  _globals['_INVENTORYREQUEST']._serialized_end=751
-  _globals['_INVENTORYRESPONSE']._serialized_start=754
-  _globals['_INVENTORYRESPONSE']._serialized_end=913
-  _globals['_STORENODE']._serialized_start=916
-  _globals['_STORENODE']._serialized_end=1122
+  _globals['_MOVEREQUEST']._serialized_end=255
+  _globals['_MOVERESPONSE']._serialized_start=257
+  _globals['_MOVERESPONSE']._serialized_end=338
+  _globals['_REPLICA']._serialized_start=340
+  _globals['_REPLICA']._serialized_end=457
+  _globals['_CHANGE']._serialized_start=459
+  _globals['_CHANGE']._serialized_end=519
+  _globals['_APPLYREQUEST']._serialized_start=522
+  _globals['_APPLYREQUEST']._serialized_end=672
+  _globals['_APPLYRESPONSE']._serialized_start=674
+  _globals['_APPLYRESPONSE']._serialized_end=723
+  _globals['_INVENTORYREQUEST']._serialized_start=725
+  _globals['_INVENTORYREQUEST']._serialized_end=812
+  _globals['_INVENTORYRESPONSE']._serialized_start=815
+  _globals['_INVENTORYRESPONSE']._serialized_end=974
+  _globals['_STORENODE']._serialized_start=977
+  _globals['_STORENODE']._serialized_end=1183
 # @@protoc_insertion_point(module_scope)

@@ -24,12 +24,14 @@ class MoveItem(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., key: _Optional[bytes] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., dram_offset: _Optional[int] = ..., ssd_offset: _Optional[int] = ...) -> None: ...
 
 class MoveRequest(_message.Message):
-    __slots__ = ("epoch", "items")
+    __slots__ = ("epoch", "items", "shard")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     items: _containers.RepeatedCompositeFieldContainer[MoveItem]
-    def __init__(self, epoch: _Optional[int] = ..., items: _Optional[_Iterable[_Union[MoveItem, _Mapping]]] = ...) -> None: ...
+    shard: int
+    def __init__(self, epoch: _Optional[int] = ..., items: _Optional[_Iterable[_Union[MoveItem, _Mapping]]] = ..., shard: _Optional[int] = ...) -> None: ...
 
 class MoveResponse(_message.Message):
     __slots__ = ("error", "codes")
@@ -66,16 +68,18 @@ class Change(_message.Message):
     def __init__(self, replica: _Optional[_Union[Replica, _Mapping]] = ..., drop: _Optional[bool] = ...) -> None: ...
 
 class ApplyRequest(_message.Message):
-    __slots__ = ("epoch", "add", "drop", "changes")
+    __slots__ = ("epoch", "add", "drop", "changes", "shard")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ADD_FIELD_NUMBER: _ClassVar[int]
     DROP_FIELD_NUMBER: _ClassVar[int]
     CHANGES_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     add: _containers.RepeatedCompositeFieldContainer[Replica]
     drop: _containers.RepeatedCompositeFieldContainer[Replica]
     changes: _containers.RepeatedCompositeFieldContainer[Change]
-    def __init__(self, epoch: _Optional[int] = ..., add: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., drop: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ...) -> None: ...
+    shard: int
+    def __init__(self, epoch: _Optional[int] = ..., add: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., drop: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ..., shard: _Optional[int] = ...) -> None: ...
 
 class ApplyResponse(_message.Message):
     __slots__ = ("error",)
@@ -84,12 +88,16 @@ class ApplyResponse(_message.Message):
     def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ...) -> None: ...
 
 class InventoryRequest(_message.Message):
-    __slots__ = ("epoch", "identity_only")
+    __slots__ = ("epoch", "identity_only", "shard", "shards")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     IDENTITY_ONLY_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     identity_only: bool
-    def __init__(self, epoch: _Optional[int] = ..., identity_only: _Optional[bool] = ...) -> None: ...
+    shard: int
+    shards: int
+    def __init__(self, epoch: _Optional[int] = ..., identity_only: _Optional[bool] = ..., shard: _Optional[int] = ..., shards: _Optional[int] = ...) -> None: ...
 
 class InventoryResponse(_message.Message):
     __slots__ = ("error", "node_id", "replicas", "segment", "base_addr", "size")
