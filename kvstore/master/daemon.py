@@ -307,7 +307,8 @@ class MasterDaemon:
             return True
         if self._records.get(record.node_id) == record:
             return True
-        why = await disproof(self.security, record, self.election.epoch)
+        why = await disproof(self.security, record, self.election.epoch,
+                             shard=self.spec.index, shards=self.spec.count)
         if why:
             log.error("ignoring the etcd record of node %s, not mounting it: %s",
                       record.node_id, why, extra={"event": "node_unproven",
