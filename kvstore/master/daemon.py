@@ -103,7 +103,7 @@ class MasterDaemon:
         self.spec = opts.shard
         self.layout = Layout(opts.cluster, self.spec.index, self.spec.count)
         self.core = MasterCore(opts.core or CoreConfig(), MonotonicClock())
-        self.metrics = MasterMetrics()
+        self.metrics = MasterMetrics(shard=self.spec.index, shards=self.spec.count)
         self.etcd = Etcd(opts.etcd)
         master_id = opts.master_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         metrics = f"{opts.metrics_host}:{opts.metrics_port}" if opts.metrics_port else ""
