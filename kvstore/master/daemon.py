@@ -141,7 +141,18 @@ class MasterDaemon:
         self.security.check_exposure(self.opts.listen, self.opts.fast_listen)
         if not await self.etcd.connect_until(self._stop, f"master {self.record.master_id}"):
             return 0
-        await self.check_shard_count()
+        while True:  # etcd answered just now; a blip here is waited out, not fatal
+            try:
+                await self.check_shard_count()
+                break
+            except WrongShardCount:
+                raise
+            except ETCD_ERRORS as exc:  # (KVStoreError among them: etcd's auth, say)
+                log.warning("reading the cluster's shard count from etcd failed (%s); "
+                            "retrying", exc)
+                await asyncio.sleep(RETRY_PAUSE)
+            if self._stop.is_set():
+                return 0
         self.server = grpc.aio.server(options=GRPC_OPTIONS)
         add_to_server(self.service, self.server)
         add_coordination(self.server, self.service, self.election, self.live_config,
