@@ -70,6 +70,7 @@ def _drain_mover(args: argparse.Namespace) -> Any:
 def cmd_master(args: argparse.Namespace) -> int:
     from kvstore.master.core import CoreConfig
     from kvstore.master.daemon import MasterDaemon, MasterOptions, tune_gc
+    from kvstore.shards import ShardSpec
 
     if not args.ack_timeout > 0:
         raise InvalidArgument(f"--ack-timeout must be a positive number of seconds, got "
@@ -83,7 +84,8 @@ def cmd_master(args: argparse.Namespace) -> int:
                          master_id=args.master_id, etcd_lease_ttl=args.etcd_lease_ttl,
                          metrics_port=args.metrics_port, metrics_host=args.metrics_host,
                          core=core, fast_listen=args.fast_listen,
-                         security=_security(args), ack_timeout=args.ack_timeout)
+                         security=_security(args), ack_timeout=args.ack_timeout,
+                         shard=ShardSpec.parse(args.shard))
     tune_gc()
     return _run_async(lambda: MasterDaemon(opts).run())
 
@@ -192,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="HOST:PORT of the fast control channel the clients use by default "
                         "(default: --listen's host, a free port; announced in etcd)")
     m.add_argument("--master-id", default="")
+    m.add_argument("--shard", default="0/1", metavar="K/N",
+                   help="this master's shard K of the cluster's N (default 0/1: one shard); "
+                        "the count is recorded in etcd by the first master and fixed")
     m.add_argument("--put-timeout", type=float, default=30.0,
                    help="seconds before an uncommitted put is reclaimed")
     m.add_argument("--lease-ttl", type=float, default=30.0, help="default read-lease TTL, s")

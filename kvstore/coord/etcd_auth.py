@@ -5,9 +5,10 @@ Two roles per cluster, each bound to one user of the same name:
 - the daemon role (`kvstore-daemon`) reads and writes the cluster's prefix: masters
   elect and announce themselves, store nodes announce themselves, the leader writes the
   live settings it was asked to set;
-- the reader role (`kvstore-client`) reads the leader's record and nothing else: what a
-  client that discovers the leader through etcd needs (a client given master addresses
-  needs no etcd user at all).
+- the reader role (`kvstore-client`) reads the leader's record, and in a sharded
+  cluster the shard count and each shard's records under `shards/`, and nothing else:
+  what a client that discovers the leaders through etcd needs (a client given master
+  addresses needs no etcd user at all).
 
 Everything else, the settings included, is the daemons' alone; an operator changes
 settings through the leader (`kvstore config set` with an admin token), which checks them.
@@ -129,6 +130,12 @@ async def set_up(endpoint: str, cluster: str, passwords: dict[str, str],
             perm_type=PermissionType.READWRITE, timeout=timeout)
         await client.auth.role_grant_permission(
             roles.reader, layout.leader, perm_type=PermissionType.READ, timeout=timeout)
+        # A sharded cluster's count and each shard's leader (and masters registry) lie
+        # under `shards/`: a client reads the count, then each shard's leader.
+        shards = layout.root + b"shards/"
+        await client.auth.role_grant_permission(
+            roles.reader, shards, prefix_range_end(shards), perm_type=PermissionType.READ,
+            timeout=timeout)
         if not auth_was_on:
             await client.auth.auth_enable(timeout=timeout)
         return SetupResult(roles, auth_was_on)

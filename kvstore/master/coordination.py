@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from kvstore.coord.etcd import ETCD_ERRORS
-from kvstore.errors import KVStoreError, NotLeader, Unavailable
+from kvstore.errors import KVStoreError, NotLeader, Unavailable, WrongShard
 from kvstore.master.core import MasterCore
 from kvstore.master.core.config import live_settings
 from kvstore.master.election import Election
@@ -48,14 +48,20 @@ class CoordinationService(pbg.CoordinationServicer):
         caller = self.master.caller_of(context.invocation_metadata())
         if isinstance(caller, KVStoreError):  # any valid token may ask, none else
             return pb.WhoLeadsResponse(error=_error(caller))
+        spec = self.master.shard
+        if request.shard != spec.index:
+            return pb.WhoLeadsResponse(shard=spec.index, shards=spec.count, error=_error(
+                WrongShard(f"this master serves shard {spec.index} of {spec.count}, not "
+                           f"shard {request.shard}: ask a master of shard {request.shard}")))
         record = self.election.leader_record
         if record is None or not self.election.leader_address or (
                 record.master_id == self.election.record.master_id and
                 not self.election.is_leader):
             # None known, or this master holds the seat but does not serve yet (it is
             # rebuilding its index, or cannot confirm its lease): the caller asks again.
-            return pb.WhoLeadsResponse(is_leader=False)
+            return pb.WhoLeadsResponse(is_leader=False, shard=spec.index, shards=spec.count)
         return pb.WhoLeadsResponse(
+            shard=spec.index, shards=spec.count,
             epoch=self.election.epoch, is_leader=self.election.is_leader,
             master_id=record.master_id, address=record.address, fast=record.fast,
             tls=record.tls)

@@ -15,7 +15,7 @@ import signal
 import socket
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import grpc
 
@@ -35,6 +35,7 @@ from kvstore.master.service import MasterService, add_to_server
 from kvstore.rpc.server import FastServer
 from kvstore.security.access import Authenticator
 from kvstore.security.daemons import DaemonSecurity
+from kvstore.shards import ShardSpec
 from kvstore.v1 import store_pb2 as spb
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,17 @@ class MasterOptions:
     security: DaemonSecurity | None = None
     # s a write's reply waits for its store nodes to record it (see durability.py)
     ack_timeout: float = 3.0
+    # This master's shard of the cluster's control plane (kvstore master --shard K/N).
+    shard: ShardSpec = field(default_factory=ShardSpec)
+
+
+# The smallest part of a node's DRAM segment a shard mounts: below it a shard's part
+# holds too few objects to be worth placing on (and is likely a misconfiguration).
+MIN_PART = 8 * 1024 * 1024
+
+
+class WrongShardCount(InvalidArgument):
+    """This master's --shard count is not the one the cluster recorded in etcd."""
 
 
 # Allocations between two young-generation collections in the master process (CPython's
@@ -88,9 +100,10 @@ def tune_gc() -> None:
 class MasterDaemon:
     def __init__(self, opts: MasterOptions) -> None:
         self.opts = opts
-        self.layout = Layout(opts.cluster)
+        self.spec = opts.shard
+        self.layout = Layout(opts.cluster, self.spec.index, self.spec.count)
         self.core = MasterCore(opts.core or CoreConfig(), MonotonicClock())
-        self.metrics = MasterMetrics()
+        self.metrics = MasterMetrics(shard=self.spec.index, shards=self.spec.count)
         self.etcd = Etcd(opts.etcd)
         master_id = opts.master_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         metrics = f"{opts.metrics_host}:{opts.metrics_port}" if opts.metrics_port else ""
@@ -100,8 +113,10 @@ class MasterDaemon:
         self.election = Election(self.etcd, self.layout, self.record, ttl=opts.etcd_lease_ttl)
         self.auth = Authenticator(self.security.access)
         self.service = MasterService(self.core, self.election, self.metrics, self.auth)
+        self.service.shard = self.spec
         self.links = NodeLinks(lambda: self.election.epoch, self.security,
-                               lambda node, answers: self.core.set_unresponsive(node, not answers))
+                               lambda node, answers: self.core.set_unresponsive(node, not answers),
+                               shard=self.spec.index, shards=self.spec.count)
         self.recorder = Recorder(lambda: self.core.take_replica_changes(), self.links,
                                  opts.ack_timeout, self._dram_base)
         self.service.recorder = self.recorder.record
@@ -126,6 +141,18 @@ class MasterDaemon:
         self.security.check_exposure(self.opts.listen, self.opts.fast_listen)
         if not await self.etcd.connect_until(self._stop, f"master {self.record.master_id}"):
             return 0
+        while True:  # etcd answered just now; a blip here is waited out, not fatal
+            try:
+                await self.check_shard_count()
+                break
+            except WrongShardCount:
+                raise
+            except ETCD_ERRORS as exc:  # (KVStoreError among them: etcd's auth, say)
+                log.warning("reading the cluster's shard count from etcd failed (%s); "
+                            "retrying", exc)
+                await asyncio.sleep(RETRY_PAUSE)
+            if self._stop.is_set():
+                return 0
         self.server = grpc.aio.server(options=GRPC_OPTIONS)
         add_to_server(self.service, self.server)
         add_coordination(self.server, self.service, self.election, self.live_config,
@@ -187,6 +214,25 @@ class MasterDaemon:
         await self.etcd.close()
         log.info("master stopped (exit 0)")
         return 0
+
+    async def check_shard_count(self) -> None:
+        """Record this master's shard count in etcd if none is, else check it is the
+        recorded one: the count is fixed per cluster (keys would land on other shards)."""
+        recorded = await self.etcd.get(self.layout.shard_count)
+        if recorded is None:
+            if await self.etcd.create_if_absent(self.layout.shard_count,
+                                                str(self.spec.count).encode(), 0) is not None:
+                log.info("cluster %s: shard count %d recorded in etcd", self.opts.cluster,
+                         self.spec.count)
+                return
+            recorded = await self.etcd.get(self.layout.shard_count)
+        count = int(recorded) if recorded else 1
+        if count != self.spec.count:
+            raise WrongShardCount(
+                f"cluster {self.opts.cluster!r} has {count} master shard(s), recorded in "
+                f"etcd; this master was started with --shard {self.spec}: start it with "
+                f"--shard K/{count} (K from 0 to {count - 1}); the count of a cluster "
+                "cannot change")
 
     def _dram_base(self, node_id: str) -> int | None:
         """A mounted node's DRAM segment base address (intents name offsets in it)."""
@@ -272,7 +318,8 @@ class MasterDaemon:
             return True
         if self._records.get(record.node_id) == record:
             return True
-        why = await disproof(self.security, record, self.election.epoch)
+        why = await disproof(self.security, record, self.election.epoch,
+                             shard=self.spec.index, shards=self.spec.count)
         if why:
             log.error("ignoring the etcd record of node %s, not mounting it: %s",
                       record.node_id, why, extra={"event": "node_unproven",
@@ -291,11 +338,17 @@ class MasterDaemon:
             if prev is not None and (prev.pid, prev.segment) != (node.pid, node.segment):
                 # The node restarted: it holds only what its inventory will say now.
                 self.recorder.forget(self.core.unmount_node(node.node_id))
-            self.core.mount_segment(node.node_id, node.segment, node.base_addr, node.size,
-                                    node.tier)
-            if node.ssd_capacity:
-                self.core.mount_segment(node.node_id, f"ssd:{node.node_id}", 0,
-                                        node.ssd_capacity, "ssd")
+            start, length = self.spec.part(node.size)
+            if self.spec.count > 1 and length < MIN_PART:
+                raise InvalidArgument(
+                    f"node {node.node_id}'s segment of {node.size} bytes leaves shard "
+                    f"{self.spec} only {length} bytes, under the {MIN_PART} a shard needs: "
+                    "give the node more memory (--dram) or run fewer shards")
+            self.core.mount_segment(node.node_id, node.segment, node.base_addr, length,
+                                    node.tier, start)
+            ssd = node.ssd_capacity // self.spec.count
+            if ssd:
+                self.core.mount_segment(node.node_id, f"ssd:{node.node_id}", 0, ssd, "ssd")
             self._records[node.node_id] = node
         except (ValueError, TypeError, KeyError, KVStoreError) as exc:
             log.error("ignoring a bad node record in etcd (%s): %r", exc, raw[:200])
@@ -303,13 +356,16 @@ class MasterDaemon:
                 self.core.set_adopting(node.node_id, False)
             return None
         self.links.set_node(node.node_id, node.service, node.tls, node.deltas)
-        log.info("mounted node %s (%s, %d bytes)", node.node_id, node.segment, node.size)
+        log.info("mounted node %s (%s, %d bytes%s)", node.node_id, node.segment, length,
+                 f" of {node.size}, shard {self.spec}" if self.spec.count > 1 else "")
         return node.node_id
 
     async def _adopt(self, node_id: str) -> int:
         """Adopt what a node says it holds; returns how many replicas were taken."""
         replicas = await self.links.inventory(node_id)
         adopted = refused = 0
+        if self.spec.count > 1:
+            replicas = [r for r in replicas or () if self._ours(node_id, r)]
         for r in replicas or ():
             code = self.core.adopt_replica(r.key, r.size, r.checksum, node_id, r.offset,
                                            r.tier or "dram")
@@ -326,6 +382,18 @@ class MasterDaemon:
                         refused)
             self.links.kick([node_id])
         return adopted
+
+    def _ours(self, node_id: str, r: spb.Replica) -> bool:
+        """Whether an inventory entry is this shard's: a DRAM one inside its part of the
+        node's segment, an SSD one whose key hashes to it. Another shard's entries are
+        left alone (never dropped: that shard's master owns them)."""
+        if (r.tier or "dram") != "dram":
+            return self.spec.owns(r.key)
+        node = self._records.get(node_id)
+        if node is None:
+            return False
+        start, length = self.spec.part(node.size)
+        return start <= r.offset and r.offset + r.size <= start + length
 
     async def _follow_nodes(self, start_revision: int) -> None:
         """Mount and unmount nodes as etcd's membership changes, until cancelled. A

@@ -31,8 +31,13 @@ def counters(stats: Any) -> dict[str, Any]:
 
 
 class MasterMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, shard: int = 0,
+                 shards: int = 1) -> None:
+        """`shard` of `shards`: with more than one, every series served carries a
+        `shard` label (one shard's master exports exactly today's series)."""
         self.registry = registry or CollectorRegistry()
+        self.shard = shard
+        self.shards = shards
         self.rpc_latency = Histogram(
             "kvstore_master_rpc_seconds", "Master RPC handling time by method",
             ["method"], buckets=_LATENCY_BUCKETS, registry=self.registry,
@@ -46,8 +51,31 @@ class MasterMetrics:
                    epoch: Callable[[], int]) -> None:
         self.registry.register(_CoreCollector(stats, is_leader, epoch))
 
+    def exposed(self) -> CollectorRegistry:
+        """The registry /metrics serves: the master's, each sample labelled with its
+        shard when the cluster has more than one."""
+        if self.shards <= 1:
+            return self.registry
+        out = CollectorRegistry(auto_describe=False)
+        out.register(_ShardLabelled(self.registry, str(self.shard)))
+        return out
+
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
-        start_http_server(port, addr=host, registry=self.registry)
+        start_http_server(port, addr=host, registry=self.exposed())
+
+
+class _ShardLabelled(Collector):
+    """Every metric of `registry`, each sample with a `shard` label added."""
+
+    def __init__(self, registry: CollectorRegistry, shard: str) -> None:
+        self._registry = registry
+        self._shard = shard
+
+    def collect(self) -> Iterator[Any]:
+        for family in self._registry.collect():
+            family.samples = [s._replace(labels={**s.labels, "shard": self._shard})
+                              for s in family.samples]
+            yield family
 
 
 class _CoreCollector(Collector):

@@ -26,15 +26,17 @@ PROOF_TIMEOUT = 3.0  # s for the node to answer
 
 
 async def disproof(security: DaemonSecurity, record: NodeRecord, epoch: int,
-                   timeout: float = PROOF_TIMEOUT) -> str:
-    """"" if the node the record names proves itself; else why not, as a phrase."""
+                   timeout: float = PROOF_TIMEOUT, shard: int = 0, shards: int = 1) -> str:
+    """"" if the node the record names proves itself; else why not, as a phrase.
+    `epoch` is that of master shard `shard` of `shards` (a node fences each shard)."""
     if not record.service:
         return ("it names no service address, so the node cannot prove itself (a store "
                 "node of this version always announces one)")
     channel = security.channel(record.service, record.tls)
     try:
         reply = await spbg.StoreNodeStub(channel).Inventory(
-            spb.InventoryRequest(epoch=epoch, identity_only=True), timeout=timeout)
+            spb.InventoryRequest(epoch=epoch, identity_only=True, shard=shard,
+                                 shards=shards), timeout=timeout)
     except grpc.aio.AioRpcError as exc:
         return (f"nothing at {record.service} answered as a store node "
                 f"({exc.code().name}: {exc.details()})")

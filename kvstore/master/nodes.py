@@ -55,10 +55,11 @@ class Applied(enum.Enum):
 Row = tuple[bytes, int, int, int, str, bool, bool, bool]
 
 
-def apply_request(epoch: int, rows: list[Row]) -> spb.ApplyRequest:
-    """The ApplyRequest carrying `rows`, in order. add() and attribute stores, each
-    default left unset: with upb, about 3x faster than Change(replica=Replica(...))."""
-    request = spb.ApplyRequest(epoch=epoch)
+def apply_request(epoch: int, rows: list[Row], shard: int = 0) -> spb.ApplyRequest:
+    """The ApplyRequest carrying `rows`, in order, for shard `shard`'s inventory on the
+    node. add() and attribute stores, each default left unset: with upb, about 3x faster
+    than Change(replica=Replica(...))."""
+    request = spb.ApplyRequest(epoch=epoch, shard=shard)
     add = request.changes.add
     for key, offset, size, checksum, tier, pending, record, drop in rows:
         r = (add(drop=True) if drop else add()).replica
@@ -95,10 +96,15 @@ class _Link:
 
 class NodeLinks:
     def __init__(self, epoch: Callable[[], int], security: DaemonSecurity | None = None,
-                 on_health: Callable[[str, bool], None] | None = None) -> None:
+                 on_health: Callable[[str, bool], None] | None = None,
+                 shard: int = 0, shards: int = 1) -> None:
         """`on_health(node, answers)`: called when a node misses a delta (False: no
-        placements there, see MasterCore.set_unresponsive) and when one lands again."""
+        placements there, see MasterCore.set_unresponsive) and when one lands again.
+        `shard` of `shards`: the master shard these links speak for; every request to a
+        node names it (a node keeps one inventory and epoch per shard)."""
         self._epoch = epoch
+        self.shard = shard
+        self.shards = shards
         self._security = security or DaemonSecurity()
         self.on_health = on_health
         self.down: set[str] = set()  # nodes whose last Apply failed
@@ -289,7 +295,7 @@ class NodeLinks:
         link.waiters = keep
 
     async def _apply(self, node_id: str, link: _Link, changes: list[Row]) -> Applied:
-        request = apply_request(self._epoch(), changes)
+        request = apply_request(self._epoch(), changes, self.shard)
         try:
             if link.fast is not None:
                 reply = await link.fast.apply(request, APPLY_TIMEOUT)
@@ -317,7 +323,8 @@ class NodeLinks:
         if link is None:
             return None
         try:
-            reply = await link.stub.Inventory(spb.InventoryRequest(epoch=self._epoch()),
+            reply = await link.stub.Inventory(spb.InventoryRequest(
+                epoch=self._epoch(), shard=self.shard, shards=self.shards),
                                               timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             log.warning("inventory of node %s unavailable (%s)", node_id, exc.code().name)
@@ -334,7 +341,8 @@ class NodeLinks:
         if link is None:
             return None
         try:
-            reply = await link.stub.Move(spb.MoveRequest(epoch=self._epoch(), items=items),
+            reply = await link.stub.Move(spb.MoveRequest(epoch=self._epoch(), shard=self.shard,
+                                                         items=items),
                                          timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             log.warning("tier moves on node %s failed (%s)", node_id, exc.code().name)

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import grpc
 from google.protobuf.message import Message
 
-from kvstore.errors import Code, InvalidArgument, KVStoreError, NotLeader
+from kvstore.errors import Code, InvalidArgument, KVStoreError, NotLeader, WrongShard
 from kvstore.master.core import Location, MasterCore, ObjectInfo, SegmentStats
 from kvstore.master.core.config import live_settings
 from kvstore.master.durability import Placed
@@ -30,6 +30,7 @@ from kvstore.master.metrics import MasterMetrics, counters
 from kvstore.rpc import columns
 from kvstore.rpc.methods import METHODS
 from kvstore.security.access import OPEN, Authenticator, Principal, Role
+from kvstore.shards import ShardSpec
 from kvstore.v1 import common_pb2 as cpb
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
@@ -103,6 +104,17 @@ def _fill_object(m: pb.ObjectInfo, info: ObjectInfo, now: float) -> None:
     m.writer = info.writer
 
 
+def foreign_keys(request: Any, spec: ShardSpec) -> list[bytes]:
+    """The keys (and placeholders) of `request` that are not `spec`'s shard's, as the
+    client names them (before any tenant prefix: the client hashes what it sends)."""
+    out: list[bytes] = []
+    for field in ("keys", "placeholders"):
+        keys = getattr(request, field, None)
+        if keys:
+            out.extend(k for k in keys if not spec.owns(k))
+    return out
+
+
 class MasterService(pbg.MasterServicer):
     def __init__(
         self,
@@ -133,6 +145,8 @@ class MasterService(pbg.MasterServicer):
         # The placeholders PutCommit renamed (key -> placeholder) and whether their put
         # records were written (PutCommitRequest.records).
         self._renamed: dict[bytes, bytes] = {}
+        # The shard this master serves (the daemon sets it); with one, no key is checked.
+        self.shard = ShardSpec()
         self._records = False
         bodies: dict[str, Body] = {
             "PutStart": self.put_start,
@@ -193,6 +207,8 @@ class MasterService(pbg.MasterServicer):
                     "this master is a standby; the leader is at "
                     f"{leadership.leader_address or 'an unknown address (election running)'}"
                 )
+            if self.shard.count > 1:
+                self._check_shard(request)
             reply: Any = body(request)
             reply.epoch = epoch
         except KVStoreError as exc:
@@ -209,6 +225,15 @@ class MasterService(pbg.MasterServicer):
         self._caller = OPEN
         latency.observe(time.perf_counter() - t0)
         return reply
+
+    def _check_shard(self, request: Any) -> None:
+        """Refuse, as a whole, a call naming any key of another shard (one xxh3 per key)."""
+        foreign = foreign_keys(request, self.shard)
+        if foreign:
+            raise WrongShard(
+                f"{len(foreign)} key(s) of this call, such as {foreign[0][:64]!r}, are not "
+                f"shard {self.shard.index}'s of {self.shard.count}: route each key to the "
+                f"master of shard xxh3_64(key) % {self.shard.count}")
 
     def settle(self, method: str, reply: Any) -> asyncio.Future[None] | None:
         """What `reply` must wait for before it leaves (None: nothing). Both transports
@@ -421,6 +446,7 @@ class MasterService(pbg.MasterServicer):
             recent_hit_keys=s.recent.get("hit_keys", 0),
             recent_seconds=s.recent_seconds,
             draining=s.draining,
+            shard=self.shard.index, shards=self.shard.count,
         )
 
     # -- operator calls ---------------------------------------------------------------

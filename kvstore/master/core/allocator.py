@@ -18,11 +18,14 @@ from kvstore.errors import Internal
 
 
 class ExtentAllocator:
-    """Aligned allocation of [offset, offset + length) ranges inside [0, capacity)."""
+    """Aligned allocation of [offset, offset + length) ranges inside
+    [start, start + capacity): `start` is where a master shard's part of a node's segment
+    begins (offsets stay relative to the segment, so the node reads them as they are)."""
 
-    __slots__ = ("_align_mask", "_by_offset", "_by_size", "alignment", "capacity", "free_bytes")
+    __slots__ = ("_align_mask", "_by_offset", "_by_size", "alignment", "capacity", "free_bytes",
+                 "start")
 
-    def __init__(self, size: int, alignment: int) -> None:
+    def __init__(self, size: int, alignment: int, start: int = 0) -> None:
         self.alignment = alignment
         self._align_mask = alignment - 1
         # A tail shorter than one alignment unit can never hold an aligned object.
@@ -30,8 +33,9 @@ class ExtentAllocator:
         self.free_bytes = self.capacity
         self._by_offset: SortedDict = SortedDict()
         self._by_size: SortedList = SortedList()
+        self.start = start
         if self.capacity:
-            self._add(0, self.capacity)
+            self._add(start, self.capacity)
 
     # -- queries -------------------------------------------------------------------
 
@@ -152,7 +156,7 @@ class ExtentAllocator:
         """
         start = offset & ~self._align_mask
         end = (offset + size + self._align_mask) & ~self._align_mask
-        if start < 0 or size <= 0 or end > self.capacity:
+        if start < self.start or size <= 0 or end > self.start + self.capacity:
             return False
         by_offset = self._by_offset
         i = by_offset.bisect_right(start)

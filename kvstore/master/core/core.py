@@ -133,11 +133,14 @@ class MasterCore:
     # ------------------------------------------------------------------ membership
 
     def mount_segment(
-        self, node_id: str, segment: str, base_addr: int, size: int, tier: str = DRAM
+        self, node_id: str, segment: str, base_addr: int, size: int, tier: str = DRAM,
+        start: int = 0,
     ) -> None:
         """Register a node's segment. Same geometry again: no-op. Different: replace it,
-        dropping every replica the old one held (the node restarted with new memory)."""
-        self._membership.mount_segment(node_id, segment, base_addr, size, tier)
+        dropping every replica the old one held (the node restarted with new memory).
+        `start`: only [start, start + size) of it is this master's (its shard's part);
+        offsets stay relative to the segment."""
+        self._membership.mount_segment(node_id, segment, base_addr, size, tier, start)
 
     def unmount_node(self, node_id: str, reason: str = "lost") -> list[bytes]:
         """Forget a node. Its replicas vanish at once. Returns the keys now gone: COMPLETE

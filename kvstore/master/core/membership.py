@@ -37,7 +37,7 @@ class Membership:
     # -- mounts -------------------------------------------------------------------
 
     def mount_segment(self, node_id: str, segment: str, base_addr: int, size: int,
-                      tier: str) -> None:
+                      tier: str, start: int = 0) -> None:
         """MasterCore.mount_segment."""
         state = self._state
         alignment = state.config.alignment
@@ -47,7 +47,10 @@ class Membership:
             raise InvalidArgument(f"tier must be one of {', '.join(TIERS)}, got {tier!r}")
         if not 0 <= base_addr < 1 << 64:
             raise InvalidArgument(f"base_addr must be a 64-bit address, got {base_addr}")
-        if not alignment <= size <= OFFSET_MASK + 1:
+        if start < 0 or start % alignment:
+            raise InvalidArgument(f"a segment part must start on a multiple of {alignment} "
+                                  f"bytes, not at {start}")
+        if not alignment <= size <= OFFSET_MASK + 1 - start:
             raise InvalidArgument(
                 f"segment size must be between {alignment} bytes and "
                 f"{OFFSET_MASK + 1} bytes, got {size}"
@@ -55,12 +58,12 @@ class Membership:
         t = Tier(tier)
         old = state.segments.get(node_id, t)
         if old is not None:
-            if old.same_geometry(segment, base_addr, size):
+            if old.same_geometry(segment, base_addr, size, start):
                 return
             state.segments.remove(old)
             state.quarantine.unmounted([old])
             self._lose([old], node_id)
-        seg = state.segments.add(node_id, segment, base_addr, size, t, alignment)
+        seg = state.segments.add(node_id, segment, base_addr, size, t, alignment, start)
         state.quarantine.remounted(seg)
         state.departed.pop(node_id, None)
         state.refresh_pool()
@@ -140,7 +143,7 @@ class Membership:
             return Code.NOT_FOUND
         if tier != DRAM:
             return self._adopt_ssd(k, size, checksum, seg)
-        if offset + size > seg.alloc.capacity:
+        if offset < seg.alloc.start or offset + size > seg.alloc.start + seg.alloc.capacity:
             return Code.INVALID_ARGUMENT
         t = self._t
         s = t.index.get(k)

@@ -60,6 +60,7 @@ class Segment:
         size: int,
         tier: Tier,
         alignment: int,
+        start: int = 0,
     ) -> None:
         self.seg_id = seg_id
         self.node_id = node_id
@@ -67,7 +68,7 @@ class Segment:
         self.base_addr = base_addr
         self.size = size
         self.tier = tier
-        self.alloc = ExtentAllocator(size, alignment)
+        self.alloc = ExtentAllocator(size, alignment, start)
         # Replicas (PENDING or COMPLETE, and tier moves' destinations) placed here:
         # written only by the take and give verbs below, which keep it beside the
         # allocator's books. The allocator's other ranges are the quarantine's.
@@ -112,8 +113,9 @@ class Segment:
         holds it now and frees it once its copier is done (quarantine.py)."""
         self.replicas -= 1
 
-    def same_geometry(self, name: str, base_addr: int, size: int) -> bool:
-        return self.name == name and self.base_addr == base_addr and self.size == size
+    def same_geometry(self, name: str, base_addr: int, size: int, start: int = 0) -> bool:
+        return (self.name == name and self.base_addr == base_addr and self.size == size
+                and self.alloc.start == start)
 
     def handle(self, offset: int) -> int:
         return self.seg_id << OFFSET_BITS | offset
@@ -129,10 +131,11 @@ class SegmentMap:
         self.by_node: dict[str, dict[Tier, Segment]] = {}  # node -> tier -> segment
         self._next_id = 1
 
-    def add(self, node_id: str, name: str, base_addr: int, size: int, tier: Tier, alignment: int) -> Segment:
+    def add(self, node_id: str, name: str, base_addr: int, size: int, tier: Tier, alignment: int,
+            start: int = 0) -> Segment:
         if self._next_id > MAX_SEGMENT_ID:
             raise OverflowError("segment ids exhausted; restart the master")
-        seg = Segment(self._next_id, node_id, name, base_addr, size, tier, alignment)
+        seg = Segment(self._next_id, node_id, name, base_addr, size, tier, alignment, start)
         self._next_id += 1
         self.by_id[seg.seg_id] = seg
         self.by_node.setdefault(node_id, {})[tier] = seg
