@@ -80,7 +80,8 @@ def _set_at_leader(admin: Admin, request: pb.SetConfigRequest) -> pb.SetConfigRe
 
 def config_get(args: argparse.Namespace) -> int:
     names = _names(args.names)
-    with Admin(args) as admin:
+    with ShardAdmins(args) as shards:
+        admin = shards.first  # settings are the cluster's: one leader's values stand for all
         unreadable = ""
         try:
             stored = _stored(admin)
@@ -140,8 +141,8 @@ def config_unset(args: argparse.Namespace) -> int:
     names = _names(args.names)
     if not args.names:
         raise InvalidArgument("name the settings to unset, e.g. `kvstore config unset evict_high`")
-    with Admin(args) as admin:
-        _set_at_leader(admin, pb.SetConfigRequest(unset=names))
+    with ShardAdmins(args) as shards:
+        _set_at_leader(shards.first, pb.SetConfigRequest(unset=names))
     if args.json:
         emit_json({"unset": names})
     else:

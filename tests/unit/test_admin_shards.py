@@ -171,3 +171,25 @@ def test_keys_lists_every_shards_keys(two_shards: dict[int, list[Any]],
                                       capsys: pytest.CaptureFixture[str]) -> None:
     assert objects.keys(_args(prefix="", limit=10, hex=False)) == 0
     assert [o["key"] for o in json.loads(capsys.readouterr().out)["objects"]] == ["k0", "k1"]
+
+
+def test_config_set_waits_until_every_shards_leader_applies_it(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from kvstore.admin import settings
+    monkeypatch.setattr(shards, "shard_count", lambda *a, **k: 2)
+    stored: list[int] = []
+    monkeypatch.setattr(settings, "_set_at_leader", lambda admin, req: stored.append(admin.shard))
+    applied = {0: 0.85, 1: 0.9}  # shard 1's leader has not applied the new value
+
+    def call(self: Admin, method: str, request: Any) -> Any:
+        assert method == "GetConfig"
+        return pb.GetConfigResponse(settings=[pb.ConfigSetting(name="evict_high",
+                                                               value=applied[self.shard])])
+
+    monkeypatch.setattr(Admin, "call", call)
+    assert settings.config_set(_args(pairs=["evict_high", "0.85"], wait=0.0)) == 0
+    assert stored == [0]  # one leader writes etcd
+    assert json.loads(capsys.readouterr().out)["applied"] is False
+    applied[1] = 0.85
+    assert settings.config_set(_args(pairs=["evict_high", "0.85"], wait=0.0)) == 0
+    assert json.loads(capsys.readouterr().out)["applied"] is True
