@@ -115,7 +115,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     return run_up(UpOptions(data_dir=Path(args.data_dir), nodes=args.nodes, dram=args.dram,
                             etcd_port=args.etcd_port, master_port=args.master_port,
                             metrics_port=args.metrics_port, cluster=args.cluster,
-                            secure=not args.insecure))
+                            shards=args.shards, secure=not args.insecure))
 
 
 def cmd_token_new(args: argparse.Namespace) -> int:
@@ -251,7 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--nodes", type=int, default=1)
     u.add_argument("--dram", default="1GiB", help="DRAM per store node")
     u.add_argument("--etcd-port", type=int, default=2379)
-    u.add_argument("--master-port", type=int, default=50051)
+    u.add_argument("--master-port", type=int, default=50051,
+                   help="the master's port; with --shards N, shard k's is this + k")
+    u.add_argument("--shards", type=int, default=1,
+                   help="control-plane shards: one master per shard, started with --shard "
+                        "k/N (default %(default)s: one master, as without shards)")
     u.add_argument("--metrics-port", type=int, default=0)
     u.add_argument("--cluster", default="default")
     u.add_argument("--insecure", action="store_true",

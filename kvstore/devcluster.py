@@ -46,6 +46,9 @@ class UpOptions:
     master_port: int = 50051
     metrics_port: int = 0
     cluster: str = "default"
+    # Masters: one per shard, shard k on master_port + k (and metrics_port + k); one
+    # shard starts today's single master, without --shard.
+    shards: int = 1
     extra_master_args: list[str] = field(default_factory=list)
     extra_store_args: list[str] = field(default_factory=list)
     secure: bool = True
@@ -103,7 +106,12 @@ class DevCluster:
 
     def start(self) -> None:
         o = self.opts
-        ports = ((o.etcd_port, "etcd (--etcd-port)"), (o.master_port, "the master (--master-port)"))
+        if o.shards < 1:
+            raise InvalidArgument(f"--shards must be >= 1, got {o.shards}")
+        ports = ((o.etcd_port, "etcd (--etcd-port)"),
+                 *((p, "the master (--master-port)" if o.shards == 1
+                    else f"shard {k}'s master (--master-port + {k})")
+                   for k, p in enumerate(self.master_ports())))
         for port, what in ports:
             if not port_is_free(port):
                 raise InvalidArgument(f"port {port} for {what} is in use; choose another port "
@@ -126,12 +134,16 @@ class DevCluster:
             write_credentials(credentials_path(), f"{etcd}/{o.cluster}", sec.client_credentials())
         else:
             o.removed_credentials = remove_credentials(credentials_path(), f"{etcd}/{o.cluster}")
-        master = [*kv, "master", "--etcd", etcd, "--listen", f"127.0.0.1:{o.master_port}",
-                  "--cluster", o.cluster, *secure, *o.extra_master_args]
-        if o.metrics_port:
-            master += ["--metrics-port", str(o.metrics_port)]
-        proc = self._spawn("master", master, logs)
-        wait_for_port(o.master_port, proc, "the master")
+        for k, port in enumerate(self.master_ports()):
+            master = [*kv, "master", "--etcd", etcd, "--listen", f"127.0.0.1:{port}",
+                      "--cluster", o.cluster, *secure, *o.extra_master_args]
+            if o.shards > 1:
+                master += ["--shard", f"{k}/{o.shards}"]
+            if o.metrics_port:
+                master += ["--metrics-port", str(o.metrics_port + k)]
+            name = "master" if o.shards == 1 else f"master-{k}"
+            proc = self._spawn(name, master, logs)
+            wait_for_port(port, proc, "the master" if o.shards == 1 else f"shard {k}'s master")
         for i in range(o.nodes):
             self._spawn(f"store-{i}", [*kv, "store", "--etcd", etcd, "--dram", o.dram,
                                        "--cluster", o.cluster, "--node-id", f"node-{i}",
@@ -144,16 +156,23 @@ class DevCluster:
         self.wait_for_nodes(Credentials(token=sec.admin_token, tls_ca=str(sec.ca))
                             if o.secure else Credentials())
 
+    def master_ports(self) -> list[int]:
+        return [self.opts.master_port + k for k in range(self.opts.shards)]
+
     def wait_for_nodes(self, creds: Credentials, timeout: float = 120.0) -> None:
-        """Return once the leader has mounted every node's DRAM segment: "up" means a put
-        succeeds now. A node prefaults its DRAM before it mounts (about 0.5 s per GiB),
-        so this can take a while with a large --dram."""
+        """Return once every shard's leader has mounted every node's DRAM segment: "up"
+        means a put succeeds now. A node prefaults its DRAM before it mounts (about 0.5 s
+        per GiB), so this can take a while with a large --dram."""
+        deadline = time.monotonic() + timeout
+        for port in self.master_ports():
+            self._wait_mounted(creds, f"127.0.0.1:{port}", deadline, timeout)
+
+    def _wait_mounted(self, creds: Credentials, address: str, deadline: float,
+                      timeout: float) -> None:
         from kvstore.v1 import master_pb2 as pb
         from kvstore.v1 import master_pb2_grpc as pbg
 
         o = self.opts
-        address = f"127.0.0.1:{o.master_port}"
-        deadline = time.monotonic() + timeout
         mounted: set[str] = set()
         with creds.grpc_channel(address, o.secure, []) as channel:
             stub = pbg.MasterStub(channel)
@@ -172,8 +191,9 @@ class DevCluster:
                     if len(mounted) >= o.nodes:
                         return
                 time.sleep(0.05)
-        raise Unavailable(f"{o.nodes - len(mounted)} of {o.nodes} store node(s) did not mount "
-                          f"within {timeout:.0f} s (see {o.data_dir / 'logs'})")
+        on = f" on the master at {address}" if o.shards > 1 else ""
+        raise Unavailable(f"{o.nodes - len(mounted)} of {o.nodes} store node(s) did not mount"
+                          f"{on} within {timeout:.0f} s (see {o.data_dir / 'logs'})")
 
     def _spawn(self, name: str, cmd: list[str], logs: Path) -> subprocess.Popen[bytes]:
         log = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the child
@@ -221,7 +241,10 @@ def run_up(opts: UpOptions) -> int:
         print(f"kvstore dev cluster is up (data in {opts.data_dir}, logs in {opts.data_dir / 'logs'})")
         print(f"  etcd        {etcd} (loopback only, etcd's auth off: a dev cluster; "
               "production runs `kvstore etcd-setup`)")
-        print(f"  master      127.0.0.1:{opts.master_port}")
+        if opts.shards == 1:
+            print(f"  master      127.0.0.1:{opts.master_port}")
+        for k, port in enumerate(cluster.master_ports() if opts.shards > 1 else []):
+            print(f"  master      127.0.0.1:{port} (shard {k}/{opts.shards})")
         print(f"  store nodes {opts.nodes} x {opts.dram} DRAM")
         if opts.metrics_port:
             print(f"  metrics     http://127.0.0.1:{opts.metrics_port}/metrics")

@@ -77,13 +77,19 @@ class Proc:
 
 @dataclass
 class Cluster:
-    """A running test cluster; every process is ours and stopped by pid."""
+    """A running test cluster; every process is ours and stopped by pid.
+
+    `masters` holds every master started, in order; with a sharded control plane
+    (`start_masters(shards=N)`) `by_shard[k]` holds shard k's, and `status` and
+    `wait_nodes` take `shard=` (wait_nodes without one waits for every shard)."""
 
     tmp: Path
     etcd_port: int = 0
     procs: list[Proc] = field(default_factory=list)
     masters: list[tuple[Proc, str]] = field(default_factory=list)
     stores: list[Proc] = field(default_factory=list)
+    shards: int = 1  # the control plane's shard count (1: no --shard flag, as before shards)
+    by_shard: dict[int, list[tuple[Proc, str]]] = field(default_factory=dict)
 
     @property
     def etcd(self) -> str:
@@ -112,15 +118,30 @@ class Cluster:
                 if attempt == 2 or b"address already in use" not in proc.log.read_bytes():
                     raise
 
-    def start_master(self, *extra: str) -> str:
+    def start_master(self, *extra: str, shard: int | None = None) -> str:
+        """One master; `shard=k` starts it for shard k of `self.shards` (`--shard k/N`,
+        only when there is more than one shard)."""
         port = free_port()
         address = f"127.0.0.1:{port}"
+        flag = ["--shard", f"{shard}/{self.shards}"] if shard is not None and self.shards > 1 else []
         proc = self.spawn(f"master-{len(self.masters)}", [
             sys.executable, "-m", "kvstore", "master", "--etcd", self.etcd,
-            "--listen", address, *extra])
+            "--listen", address, *flag, *extra])
         wait_for_port(port, proc.popen, "master")
         self.masters.append((proc, address))
+        self.by_shard.setdefault(shard or 0, []).append((proc, address))
         return address
+
+    def start_masters(self, *extra: str, shards: int = 1, per_shard: int = 1) -> list[str]:
+        """`per_shard` masters for each of `shards` shards (leader first, then standbys),
+        shard by shard; with one shard, `start_master(*extra)` as before shards."""
+        self.shards = shards
+        return [self.start_master(*extra, shard=k if shards > 1 else None)
+                for k in range(shards) for _ in range(per_shard)]
+
+    def master_of(self, shard: int = 0) -> str:
+        """The address of the first master started for `shard`."""
+        return self.by_shard[shard][0][1]
 
     def start_store(self, dram: str = "64MiB", *extra: str, node_id: str | None = "") -> Proc:
         """node_id None: no --node-id flag (the node's data dirs, or chance, pick its id)."""
@@ -131,12 +152,27 @@ class Cluster:
         self.stores.append(proc)
         return proc
 
-    def status(self, address: str | None = None) -> pb.ClusterStatusResponse:
-        address = address or self.masters[0][1]
+    def status(self, address: str | None = None, shard: int | None = None) -> pb.ClusterStatusResponse:
+        address = address or (self.master_of(shard) if shard is not None else self.masters[0][1])
         with grpc.insecure_channel(address) as ch:
             return pbg.MasterStub(ch).ClusterStatus(pb.ClusterStatusRequest(), timeout=5)
 
-    def wait_nodes(self, n: int, timeout: float = 30.0, address: str | None = None) -> None:
+    def statuses(self) -> list[pb.ClusterStatusResponse]:
+        """Each shard's first master's status, in shard order."""
+        return [self.status(shard=k) for k in range(self.shards)]
+
+    def wait_nodes(self, n: int, timeout: float = 30.0, address: str | None = None,
+                   shard: int | None = None) -> None:
+        """Until `n` nodes are mounted at `address` (or shard `shard`'s first master, or
+        the first master); on a sharded control plane without either, at every shard's
+        (each shard's leader mounts its part of every node)."""
+        if address is None and shard is None and self.shards > 1:
+            deadline = time.monotonic() + timeout
+            for k in range(self.shards):
+                self.wait_nodes(n, max(deadline - time.monotonic(), 0.1), shard=k)
+            return
+        if address is None and shard is not None:
+            address = self.master_of(shard)
         deadline = time.monotonic() + timeout
         last = -1
         while time.monotonic() < deadline:
@@ -179,9 +215,17 @@ def cluster_factory(tmp_path: Path) -> Iterator[Cluster]:
 
 
 @pytest.fixture
-def cluster(cluster_factory: Cluster) -> Cluster:
-    """etcd + one master + two 512 MiB store nodes, all mounted."""
-    cluster_factory.start_master()
+def shards(request: pytest.FixtureRequest) -> int:
+    """The control plane's shard count for `cluster`: 1 unless a suite parametrizes it,
+    e.g. `pytestmark = pytest.mark.parametrize("shards", [1, 2], indirect=True)` (test
+    ids then end in [1] and [2]; without it they are unchanged)."""
+    return int(getattr(request, "param", 1))
+
+
+@pytest.fixture
+def cluster(cluster_factory: Cluster, shards: int) -> Cluster:
+    """etcd + one master (per shard) + two 512 MiB store nodes, all mounted."""
+    cluster_factory.start_masters(shards=shards)
     cluster_factory.start_store("512MiB")
     cluster_factory.start_store("512MiB")
     cluster_factory.wait_nodes(2)

@@ -7,8 +7,8 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from kvstore.admin.connect import Admin
 from kvstore.admin.output import BAR_LEGEND, bar, emit_json, pct, ratio_text, seconds, size, table
+from kvstore.admin.shards import ShardAdmins, merge_nodes, merge_status
 from kvstore.errors import KVStoreError
 from kvstore.v1 import master_pb2 as pb
 
@@ -65,22 +65,37 @@ def status_dict(reply: pb.ClusterStatusResponse, standbys: list[dict[str, str]] 
 
 
 def status(args: argparse.Namespace) -> int:
-    with Admin(args) as admin:
-        reply = admin.call("ClusterStatus", pb.ClusterStatusRequest())
-        standbys: list[dict[str, str]] | None
-        leader_id = ""
-        try:
-            masters = admin.masters()
-        except KVStoreError:
-            standbys = None  # etcd unreachable: the leader's answer still stands
-        else:
-            leader_id = next((m.master_id for m in masters if m.address == reply.leader), "")
-            standbys = [{"master_id": m.master_id, "address": m.address}
-                        for m in masters if m.address != reply.leader]
+    with ShardAdmins(args) as shards:
+        replies = shards.call_all("ClusterStatus", pb.ClusterStatusRequest())
+        reply = merge_status(replies)
+        standbys: list[dict[str, str]] | None = []
+        leader_ids: list[str] = []
+        for admin, r in zip(shards.admins, replies, strict=True):
+            try:
+                masters = admin.masters()
+            except KVStoreError:
+                standbys = None  # etcd unreachable: the leaders' answers still stand
+                leader_ids.append("")
+                continue
+            leader_ids.append(next((m.master_id for m in masters if m.address == r.leader), ""))
+            if standbys is not None:
+                standbys += [{"master_id": m.master_id, "address": m.address}
+                             for m in masters if m.address != r.leader]
+        leader_id = ", ".join(i for i in leader_ids if i)
+        sharded = shards.sharded
+        asked = [a.shard for a in shards.admins]
     info = status_dict(reply, standbys, leader_id)
+    per_shard = [{"shard": k, "leader": r.leader, "leader_id": i, "epoch": r.epoch,
+                  "leader_for_seconds": round(r.leader_for_seconds, 1),
+                  "objects": r.objects_complete}
+                 for k, r, i in zip(asked, replies, leader_ids, strict=True)]
+    if sharded:
+        info["shards"] = per_shard
     if args.json:
         emit_json(info)
         return 0
+    if sharded:
+        return _print_sharded(info, per_shard)
     hr = info["hit_ratio"]
     rows = [
         ["leader", f"{info['leader']}" + (f" ({leader_id})" if leader_id else "")],
@@ -101,6 +116,37 @@ def status(args: argparse.Namespace) -> int:
     ]
     if info["objects"]["pending"]:
         rows.append(["", _PENDING_WHY])
+    rows += [
+        ["leases", f"{info['active_leases']} active"],
+        ["hit ratio", f"{ratio_text(hr['hit_keys'], hr['lookup_keys'])} over the last "
+                      f"{seconds(hr['seconds'])} ({hr['hit_keys']}/{hr['lookup_keys']} keys)"],
+    ]
+    print(table(rows))
+    return 0
+
+
+def _print_sharded(info: dict[str, Any], per_shard: list[dict[str, Any]]) -> int:
+    """A sharded cluster: one row per shard's leader (its own epoch and term), then the
+    cluster's sums as for one shard."""
+    rows = [[f"shard {s['shard']}", f"leader {s['leader']}"
+             + (f" ({s['leader_id']})" if s["leader_id"] else "")
+             + f", epoch {s['epoch']}, elected {s['leader_for_seconds']:.0f} s ago, "
+               f"{s['objects']} objects"] for s in per_shard]
+    standbys = info["standbys"]
+    rows.append(["standbys", "unknown (etcd unreachable)" if standbys is None
+                 else ", ".join(f"{s['address']} ({s['master_id']})" for s in standbys) or "none"])
+    rows.append(["nodes", f"{info['nodes_alive']} alive"
+                 + (f", {len(info['nodes_draining'])} draining "
+                    f"({', '.join(info['nodes_draining'])})" if info["nodes_draining"] else "")])
+    for tier, t in sorted(info["tiers"].items()):
+        rows.append([f"capacity {tier}", f"{size(t['used'])} used of {size(t['capacity'])} "
+                     f"({pct(t['used'], t['capacity'])}), {size(t['pinned'])} pinned"])
+    rows.append(["objects", f"{info['objects']['complete']} complete, "
+                            f"{info['objects']['pending']} pending "
+                            f"({size(info['bytes']['complete'])})"])
+    if info["objects"]["pending"]:
+        rows.append(["", _PENDING_WHY])
+    hr = info["hit_ratio"]
     rows += [
         ["leases", f"{info['active_leases']} active"],
         ["hit ratio", f"{ratio_text(hr['hit_keys'], hr['lookup_keys'])} over the last "
@@ -135,8 +181,8 @@ def _used_of(t: dict[str, int] | None) -> str:
 
 
 def nodes(args: argparse.Namespace) -> int:
-    with Admin(args) as admin:
-        reply = admin.call("NodeList", pb.NodeListRequest())
+    with ShardAdmins(args) as shards:
+        reply = merge_nodes(shards.call_all("NodeList", pb.NodeListRequest()))
     info = [_node_dict(n) for n in reply.nodes]
     if args.json:
         emit_json({"epoch": reply.epoch, "nodes": info})
@@ -184,8 +230,8 @@ def capacity_dict(reply: pb.NodeListResponse) -> dict[str, Any]:
 
 
 def capacity(args: argparse.Namespace) -> int:
-    with Admin(args) as admin:
-        reply = admin.call("NodeList", pb.NodeListRequest())
+    with ShardAdmins(args) as shards:
+        reply = merge_nodes(shards.call_all("NodeList", pb.NodeListRequest()))
     tiers = capacity_dict(reply)
     if args.json:
         emit_json({"epoch": reply.epoch, "tiers": tiers})

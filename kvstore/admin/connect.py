@@ -31,6 +31,9 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", default="default", help="cluster name (etcd key prefix)")
     p.add_argument("--master", default="",
                    help="talk to this master HOST:PORT instead of finding the leader in etcd")
+    p.add_argument("--shard", type=int, default=None, metavar="K",
+                   help="a sharded cluster: ask only shard K's leader (default: every "
+                        "shard's, shown as one cluster)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per call (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.add_argument("--token", default=None,
@@ -44,11 +47,13 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
 
 
 class Admin:
-    """A connection to the leader for one admin command. Use as a context manager."""
+    """A connection to the leader (of one shard: `shard` of `shards`) for one admin
+    command. Use as a context manager."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, shard: int = 0, shards: int = 1) -> None:
         self.etcd: str = args.etcd
-        self.layout = Layout(args.cluster)
+        self.shard = shard
+        self.layout = Layout(args.cluster, shard, shards)
         self.fixed: str = getattr(args, "master", "") or ""
         self.timeout: float = getattr(args, "timeout", 10.0)
         self.address = ""
@@ -93,8 +98,10 @@ class Admin:
             return self.fixed
         record = self.leader_record()
         if record is None:
+            which = f", shard {self.shard}" if self.layout.shards > 1 else ""
             raise Unavailable(f"no kvstore master is registered in etcd at {self.etcd} "
-                              f"(cluster {self.layout.root.decode()!r}); is a master running?")
+                              f"(cluster {self.layout.root.decode()!r}{which}); is a master "
+                              "running?")
         self._tls = record.tls
         return record.address
 

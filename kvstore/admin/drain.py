@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from kvstore.admin.connect import Admin
 from kvstore.admin.output import ProgressBar, emit_json, key_json, size
+from kvstore.admin.shards import ShardAdmins
 from kvstore.coord.etcd import write_keys_sync
 from kvstore.errors import Code, InvalidArgument, KVStoreError
 from kvstore.v1 import master_pb2 as pb
@@ -66,10 +67,14 @@ def drain(args: argparse.Namespace) -> int:
         raise InvalidArgument("name the node to drain, e.g. `kvstore drain node-1`")
     if args.batch < 1:
         raise InvalidArgument(f"--batch must be >= 1, got {args.batch}")
-    with Admin(args) as admin:
+    with ShardAdmins(args) as shards:
+        # The mark is cluster-wide (one etcd key every shard's leader restores from), and
+        # every shard's leader is told directly, so no shard places on the node any more.
+        admin = shards.first
         if args.cancel:
             warning = _mark(admin, node_id, False)
-            reply = admin.call("SetDraining", pb.SetDrainingRequest(node_id=node_id, draining=False))
+            reply = shards.call_all(
+                "SetDraining", pb.SetDrainingRequest(node_id=node_id, draining=False))[-1]
             if args.json:
                 emit_json({"node_id": node_id, "draining": False, "draining_nodes": list(reply.draining)})
             else:
@@ -77,7 +82,7 @@ def drain(args: argparse.Namespace) -> int:
             if warning:
                 print(warning, file=sys.stderr)
             return 0
-        admin.call("SetDraining", pb.SetDrainingRequest(node_id=node_id, draining=True))
+        shards.call_all("SetDraining", pb.SetDrainingRequest(node_id=node_id, draining=True))
         warning = _mark(admin, node_id, True)
         make_mover: MakeMover | None = getattr(args, "make_mover", None)
         if make_mover is None:
@@ -85,9 +90,12 @@ def drain(args: argparse.Namespace) -> int:
                                   "library); use --no-move to drop them instead")
         mover = make_mover(args)
         try:
-            result = _drain_loop(admin, mover, node_id, args)
+            # Each shard frees its own replicas on the node; the mover (a client) puts
+            # sole copies back through whichever shard owns each key.
+            results = [_drain_loop(a, mover, node_id, args) for a in shards.admins]
         finally:
             mover.close()
+    result = _sum_results(results)
     if warning:
         result["warning"] = warning
     if args.json:
@@ -142,6 +150,18 @@ def _drain_loop(admin: Admin, mover: Mover, node_id: str, args: argparse.Namespa
         "remaining_pinned": r.remaining_pinned,
         "remaining_pending": r.remaining_pending,
     }
+
+
+def _sum_results(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One shard's result as it is; several shards' summed (the mover's counts are
+    the mover's totals already, the same in every shard's result)."""
+    if len(results) == 1:
+        return results[0]
+    out = dict(results[-1])
+    out["complete"] = all(r["complete"] for r in results)
+    for name in ("dropped", "dropped_bytes", "remaining", "remaining_pinned", "remaining_pending"):
+        out[name] = sum(r[name] for r in results)
+    return out
 
 
 def _print_result(d: dict[str, Any]) -> None:

@@ -6,8 +6,8 @@ import argparse
 import json
 from typing import Any
 
-from kvstore.admin.connect import Admin
 from kvstore.admin.output import ProgressBar, emit_json, pct, seconds, size, table
+from kvstore.admin.shards import ShardAdmins, merge_evictions, merge_status
 from kvstore.errors import InvalidArgument
 from kvstore.v1 import master_pb2 as pb
 
@@ -37,9 +37,9 @@ def evictions_dict(r: pb.EvictionStatsResponse,
 
 
 def evictions(args: argparse.Namespace) -> int:
-    with Admin(args) as admin:
-        reply = admin.call("EvictionStats", pb.EvictionStatsRequest())
-        status = admin.call("ClusterStatus", pb.ClusterStatusRequest())
+    with ShardAdmins(args) as shards:
+        reply = merge_evictions(shards.call_all("EvictionStats", pb.EvictionStatsRequest()))
+        status = merge_status(shards.call_all("ClusterStatus", pb.ClusterStatusRequest()))
     d = evictions_dict(reply, json.loads(status.counters_json or "{}"))
     if args.json:
         emit_json(d)
@@ -85,21 +85,34 @@ def evict(args: argparse.Namespace) -> int:
     if args.batch < 1:
         raise InvalidArgument(f"--batch must be >= 1, got {args.batch}")
     evicted = evicted_bytes = 0
-    with Admin(args) as admin:
-        before = admin.call("EvictionStats", pb.EvictionStatsRequest())
+    with ShardAdmins(args) as shards:
+        # Each shard evicts its own part of the pool down to the ratio, one after the
+        # other: the cluster's pool is then at the ratio too.
+        befores = shards.call_all("EvictionStats", pb.EvictionStatsRequest())
+        before = merge_evictions(befores)
         start = before.pool_used
         target = int(ratio * before.pool_capacity)
         need = max(start - target, 0)
         bar = ProgressBar("evicting", need, enabled=not args.json, in_bytes=True)
-        while True:
-            r = admin.call("Evict", pb.EvictRequest(ratio=ratio, max_objects=args.batch))
-            evicted += r.evicted
-            evicted_bytes += r.evicted_bytes
-            freed = max(start - r.used, 0)
-            bar.update(min(freed, need), f"{evicted} objects")
-            if r.reached or r.held or r.evicted == 0:
-                break
+        ends: list[pb.EvictResponse] = []
+        shard_start = [b.pool_used for b in befores]
+        for i, admin in enumerate(shards.admins):
+            while True:
+                r = admin.call("Evict", pb.EvictRequest(ratio=ratio, max_objects=args.batch))
+                evicted += r.evicted
+                evicted_bytes += r.evicted_bytes
+                freed = sum(max(b - e.used, 0) for b, e in zip(shard_start, ends, strict=False))
+                freed += max(shard_start[i] - r.used, 0)
+                bar.update(min(freed, need), f"{evicted} objects")
+                if r.reached or r.held or r.evicted == 0:
+                    break
+            ends.append(r)
     bar.finish()
+    if len(ends) > 1:
+        r = pb.EvictResponse(evicted=evicted, evicted_bytes=evicted_bytes,
+                             used=sum(e.used for e in ends), capacity=sum(e.capacity for e in ends),
+                             pinned=sum(e.pinned for e in ends),
+                             reached=all(e.reached for e in ends), held=any(e.held for e in ends))
     result = {
         "ratio": ratio,
         "evicted": evicted,

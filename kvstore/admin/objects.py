@@ -12,6 +12,7 @@ from typing import Any
 
 from kvstore.admin.connect import Admin
 from kvstore.admin.output import emit_json, escape_key, key_json, parse_key, seconds, size, table
+from kvstore.admin.shards import ShardAdmins, merge_keys
 from kvstore.errors import InvalidArgument, KVStoreError
 from kvstore.security.access import SEPARATOR
 from kvstore.security.credentials import Credentials
@@ -57,14 +58,16 @@ def keys(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"--limit must be >= 1, got {args.limit}")
     prefix = parse_key(args.prefix, args.hex) if args.prefix else b""
     asked = prefix
-    with Admin(args) as admin:
-        reply = admin.call("ListKeys", pb.ListKeysRequest(prefix=prefix, limit=args.limit))
+    with ShardAdmins(args) as shards:
+        reply = merge_keys(shards.call_all(
+            "ListKeys", pb.ListKeysRequest(prefix=prefix, limit=args.limit)), args.limit)
         if not reply.objects and prefix:
             # Keys are per tenant: a client's `block-1` is `dev/block-1` here.
-            tenant = tenant_prefix(admin, args)
+            tenant = tenant_prefix(shards.first, args)
             if tenant and not prefix.startswith(tenant):
                 prefix = tenant + prefix
-                reply = admin.call("ListKeys", pb.ListKeysRequest(prefix=prefix, limit=args.limit))
+                reply = merge_keys(shards.call_all(
+                    "ListKeys", pb.ListKeysRequest(prefix=prefix, limit=args.limit)), args.limit)
     objects = [object_dict(o) for o in reply.objects]
     if args.json:
         emit_json({"epoch": reply.epoch, "prefix": escape_key(prefix), "objects": objects,
@@ -88,17 +91,38 @@ def keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def inspect_keys(shards: ShardAdmins, keys: list[bytes]) -> pb.InspectResponse:
+    """Inspect each key at its shard's leader; the items come back in `keys`' order."""
+    if len(shards.admins) == 1:
+        reply: pb.InspectResponse = shards.first.call("Inspect", pb.KeysRequest(keys=keys))
+        return reply
+    groups: dict[int, list[int]] = {}
+    for i, k in enumerate(keys):
+        groups.setdefault(shards.for_key(k).shard, []).append(i)
+    items: list[pb.InspectItem | None] = [None] * len(keys)
+    epoch = 0
+    for admin in shards.admins:
+        positions = groups.get(admin.shard, [])
+        if not positions:
+            continue
+        part = admin.call("Inspect", pb.KeysRequest(keys=[keys[i] for i in positions]))
+        epoch = max(epoch, part.epoch)
+        for i, item in zip(positions, part.items, strict=True):
+            items[i] = item
+    return pb.InspectResponse(epoch=epoch, items=[it for it in items if it is not None])
+
+
 def inspect(args: argparse.Namespace) -> int:
     wanted = [parse_key(k, args.hex) for k in args.keys]
-    with Admin(args) as admin:
-        reply = admin.call("Inspect", pb.KeysRequest(keys=wanted))
+    with ShardAdmins(args) as shards:
+        reply = inspect_keys(shards, wanted)
         found = [(k, item.object if item.code == 0 else None)
                  for k, item in zip(wanted, reply.items, strict=True)]
         missing = [i for i, (_, o) in enumerate(found) if o is None]
-        tenant = tenant_prefix(admin, args) if missing else b""
+        tenant = tenant_prefix(shards.first, args) if missing else b""
         if tenant:
             # Keys are per tenant: look for the missing ones under the tenant's prefix.
-            again = admin.call("Inspect", pb.KeysRequest(keys=[tenant + wanted[i] for i in missing]))
+            again = inspect_keys(shards, [tenant + wanted[i] for i in missing])
             for i, item in zip(missing, again.items, strict=True):
                 if item.code == 0:
                     found[i] = (wanted[i], item.object)  # asked as the tenant named it

@@ -20,6 +20,7 @@ import grpc
 
 from kvstore.admin.connect import Admin
 from kvstore.admin.output import emit_json, table
+from kvstore.admin.shards import ShardAdmins
 from kvstore.coord.etcd import read_items_sync
 from kvstore.errors import Code, InvalidArgument, KVStoreError, Unavailable, error_for
 from kvstore.master.core.config import (
@@ -79,7 +80,8 @@ def _set_at_leader(admin: Admin, request: pb.SetConfigRequest) -> pb.SetConfigRe
 
 def config_get(args: argparse.Namespace) -> int:
     names = _names(args.names)
-    with Admin(args) as admin:
+    with ShardAdmins(args) as shards:
+        admin = shards.first  # settings are the cluster's: one leader's values stand for all
         unreadable = ""
         try:
             stored = _stored(admin)
@@ -119,10 +121,12 @@ def _pairs(items: list[str]) -> dict[str, float]:
 
 def config_set(args: argparse.Namespace) -> int:
     new = _pairs(args.pairs)
-    with Admin(args) as admin:
-        _set_at_leader(admin, pb.SetConfigRequest(
+    with ShardAdmins(args) as shards:
+        # One leader stores them in etcd; every shard's leader watches the same keys, so
+        # the command waits until each of them reports them in force.
+        _set_at_leader(shards.first, pb.SetConfigRequest(
             settings=[pb.ConfigSetting(name=k, value=v) for k, v in new.items()]))
-        applied = _wait_applied(admin, new, args.wait)
+        applied = all([_wait_applied(a, new, args.wait) for a in shards.admins])
     result = {"set": new, "applied": applied}
     if args.json:
         emit_json(result)
@@ -137,8 +141,8 @@ def config_unset(args: argparse.Namespace) -> int:
     names = _names(args.names)
     if not args.names:
         raise InvalidArgument("name the settings to unset, e.g. `kvstore config unset evict_high`")
-    with Admin(args) as admin:
-        _set_at_leader(admin, pb.SetConfigRequest(unset=names))
+    with ShardAdmins(args) as shards:
+        _set_at_leader(shards.first, pb.SetConfigRequest(unset=names))
     if args.json:
         emit_json({"unset": names})
     else:
