@@ -98,6 +98,7 @@ class OursCluster:
     master: str
     logs: Path
     pids: dict[str, int] = field(default_factory=dict)  # process name -> pid
+    masters: list[str] = field(default_factory=list)  # each shard's master, shard order
 
 
 def wait_mounted(master: str, nodes: int, procs: list[subprocess.Popen[bytes]],
@@ -121,27 +122,29 @@ def wait_mounted(master: str, nodes: int, procs: list[subprocess.Popen[bytes]],
 @contextlib.contextmanager
 def ours(tmp: Path, dram: str = "2GiB", nodes: int = 1,
          master_args: list[str] | None = None,
-         store_args: list[str] | None = None) -> Iterator[OursCluster]:
+         store_args: list[str] | None = None, shards: int = 1) -> Iterator[OursCluster]:
     # Open (no TLS, no tokens), like Mooncake Store, which has neither: the comparison
     # is of the data and control paths. It also writes no credentials file.
     opts = UpOptions(data_dir=tmp / "ours", nodes=nodes, dram=dram, etcd_port=free_port(),
                      master_port=free_port(), extra_master_args=list(master_args or []),
                      extra_store_args=list(store_args or []),
-                     secure=False)
+                     secure=False, shards=shards)
     dev = DevCluster(opts)
     logs = opts.data_dir / "logs"
     try:
         dev.start()
-        master = f"127.0.0.1:{opts.master_port}"
+        masters = [f"127.0.0.1:{port}" for port in dev.master_ports()]
+        master = masters[0]
         try:
             # A node with an SSD tier mounts two segments.
             segments = nodes * (2 if "--ssd-dir" in (store_args or []) else 1)
-            wait_mounted(master, segments, [p for _, p in dev.procs])
+            for address in masters:
+                wait_mounted(address, segments, [p for _, p in dev.procs])
         except RuntimeError as exc:
             tails = "\n".join(log_tail(logs / f"{name}.log") for name, _ in dev.procs)
             raise RuntimeError(f"{exc}\n{tails}") from None
         yield OursCluster(etcd=f"127.0.0.1:{opts.etcd_port}", master=master, logs=logs,
-                          pids={name: p.pid for name, p in dev.procs})
+                          pids={name: p.pid for name, p in dev.procs}, masters=masters)
     finally:
         with uninterrupted():
             dev.stop()

@@ -92,6 +92,10 @@ def windows() -> list[list[str]]:
 
 
 class OursOps:
+    """Raw calls to our master, or to N master shards: then each call's keys are grouped
+    by shard, every shard's request is sent before any reply is read, and the replies
+    are merged (what the client does, docs/scaling.md)."""
+
     def __init__(self, master: str, wid: int, lease_ttl: float, fast: str = "",
                  columns: bool = True) -> None:
         import grpc
@@ -101,9 +105,12 @@ class OursOps:
         from kvstore.v1 import master_pb2_grpc as pbg
 
         self.pb = pb
-        self.channel = grpc.insecure_channel(master)
+        self.channel = grpc.insecure_channel(master.split(",")[0])
         # The same messages and calls over the master's fast channel (--transport fast).
-        self.stub: Any = FastStub(FastChannel(fast)) if fast else pbg.MasterStub(self.channel)
+        self.stub: Any = (FastStub(FastChannel(fast.split(",")[0])) if fast
+                          else pbg.MasterStub(self.channel))
+        # One fast channel per shard (comma-separated addresses, shard order).
+        self.shards = [FastChannel(a) for a in fast.split(",")] if "," in fast else []
         self.holder = f"bench-{wid}-{os.getpid()}"
         self.writer = self.holder
         self.lease_ttl = lease_ttl
@@ -118,63 +125,77 @@ class OursOps:
             raise RuntimeError(f"{what}: {reply.error.message}")
         return reply
 
+    def fan(self, method: str, keys: list[bytes], make: Callable[[list[bytes]], Any]) -> list[Any]:
+        """`method` over `keys`: one reply with one shard, else one per shard touched."""
+        if not self.shards:
+            return [getattr(self.stub, method)(make(keys))]
+        from kvstore.shards import positions_by_shard
+
+        groups = positions_by_shard(keys, len(self.shards))
+        asked = [(ch, ch.ask(method, make([keys[p] for p in g]), 30.0))
+                 for ch, g in zip(self.shards, groups, strict=True) if g]
+        return [ch.answer(a) for ch, a in asked]
+
     def put_objects(self, keys: list[str]) -> None:
         pb = self.pb
         raw = [k.encode() for k in keys]
-        reply = self._ok(self.stub.PutStart(pb.PutStartRequest(
-            keys=raw, sizes=[OBJECT_SIZE] * len(raw), checksums=[0] * len(raw),
-            writer=self.writer)), "PutStart")
-        bad = [i.code for i in reply.items if i.code]
+        starts = self.fan("PutStart", raw, lambda ks: pb.PutStartRequest(
+            keys=ks, sizes=[OBJECT_SIZE] * len(ks), checksums=[0] * len(ks),
+            writer=self.writer))
+        bad = [i.code for r in starts for i in self._ok(r, "PutStart").items if i.code]
         if bad:
             raise RuntimeError(f"PutStart refused {len(bad)} of {len(raw)} keys (codes {set(bad)})")
-        end = self._ok(self.stub.PutEnd(pb.KeysRequest(keys=raw, writer=self.writer)), "PutEnd")
-        if any(end.codes):
-            raise RuntimeError(f"PutEnd codes {set(end.codes)}")
+        ends = self.fan("PutEnd", raw, lambda ks: pb.KeysRequest(keys=ks, writer=self.writer))
+        if any(c for r in ends for c in self._ok(r, "PutEnd").codes):
+            raise RuntimeError(f"PutEnd codes {set(c for r in ends for c in r.codes)}")
 
     def remove(self, keys: list[str]) -> None:
         for lo in range(0, len(keys), 8192):
-            self.stub.Remove(self.pb.RemoveRequest(keys=[k.encode() for k in keys[lo:lo + 8192]],
-                                                   force=True))
+            self.fan("Remove", [k.encode() for k in keys[lo:lo + 8192]],
+                     lambda ks: self.pb.RemoveRequest(keys=ks, force=True))
 
     def op(self, case: str) -> Callable[[int], None]:
-        pb, stub, wins = self.pb, self.stub, self.wins
+        pb, wins, fan = self.pb, self.wins, self.fan
         read_items: Callable[[Any], list[Any]] = lambda r: list(r.items)  # noqa: E731
         columns = {"columns": True} if self.columns else {}  # unknown to older masters' proto
         if self.columns:
             from kvstore.rpc.columns import read_items
         if case == "lookup128":
             def lookup(i: int) -> None:
-                r = stub.Lookup(pb.LookupRequest(keys=wins[i % len(wins)], lease_ttl=self.lease_ttl,
-                                                 holder=self.holder))
-                if r.count != WINDOW:
-                    raise RuntimeError(f"Lookup found {r.count} of {WINDOW} ({r.error.message})")
+                rs = fan("Lookup", wins[i % len(wins)], lambda ks: pb.LookupRequest(
+                    keys=ks, lease_ttl=self.lease_ttl, holder=self.holder))
+                if sum(r.count for r in rs) != WINDOW:
+                    raise RuntimeError(f"Lookup found {sum(r.count for r in rs)} of {WINDOW} "
+                                       f"({'; '.join(r.error.message for r in rs)})")
             return lookup
         if case == "exists128":
             def exists(i: int) -> None:
-                r = stub.Exists(pb.KeysRequest(keys=wins[i % len(wins)]))
-                if not all(r.exists) or len(r.exists) != WINDOW:
-                    raise RuntimeError(f"Exists: {r.error.message or 'keys missing'}")
+                rs = fan("Exists", wins[i % len(wins)], lambda ks: pb.KeysRequest(keys=ks))
+                found = [e for r in rs for e in r.exists]
+                if not all(found) or len(found) != WINDOW:
+                    raise RuntimeError(f"Exists: {rs[0].error.message or 'keys missing'}")
             return exists
         if case == "exists1":
             def exists1(i: int) -> None:
                 w = wins[i % len(wins)]
-                r = stub.Exists(pb.KeysRequest(keys=[w[i % WINDOW]]))
+                (r,) = fan("Exists", [w[i % WINDOW]], lambda ks: pb.KeysRequest(keys=ks))
                 if list(r.exists) != [True]:
                     raise RuntimeError(f"Exists(1): {r.error.message or 'missing'}")
             return exists1
         if case == "replicas128":
             def replicas(i: int) -> None:
-                r = stub.GetReplicas(pb.GetReplicasRequest(
-                    keys=wins[i % len(wins)], lease_ttl=self.lease_ttl, holder=self.holder,
-                    **columns))
-                items = read_items(r)  # what our client reads, in columns or not
+                rs = fan("GetReplicas", wins[i % len(wins)], lambda ks: pb.GetReplicasRequest(
+                    keys=ks, lease_ttl=self.lease_ttl, holder=self.holder, **columns))
+                items = [it for r in rs for it in read_items(r)]  # what our client reads
                 if len(items) != WINDOW or any(it.code for it in items):
-                    raise RuntimeError(f"GetReplicas: {r.error.message or 'keys missing'}")
+                    raise RuntimeError(f"GetReplicas: {rs[0].error.message or 'keys missing'}")
             return replicas
         raise ValueError(case)
 
     def close(self) -> None:
         self.channel.close()
+        for ch in self.shards:
+            ch.close()
 
 
 class MooncakeOps:
@@ -459,7 +480,8 @@ def run_clients(args: argparse.Namespace, system: str, endpoint: dict[str, str],
     fh = open(log, "a")  # noqa: SIM115 - closed below, after the children
     try:
         for wid in range(n):
-            cmd = [sys.executable, "-m", MODULE, "--worker", system, "--endpoint",
+            worker = "mooncake" if system == "mooncake" else "ours"
+            cmd = [sys.executable, "-m", MODULE, "--worker", worker, "--endpoint",
                    json.dumps(endpoint), "--wid", str(wid), "--cases", ",".join(cases),
                    "--duration", str(args.duration), "--lease-ttl", str(args.lease_ttl)]
             if args.nested_replicas:
@@ -518,12 +540,14 @@ def rows_for(results: list[CaseResult]) -> list[list[str]]:
     by = {(r.system, r.case, r.clients): r for r in results}
     rows: list[list[str]] = []
     for (system, case, clients), o in by.items():
-        if system != "ours":
+        if not system.startswith("ours"):
             continue
         mc = by.get(("mooncake", case, clients))
         ours_label, mc_label = CASE_TEXT[case]
         unit = "obj/s" if case == "put64" else "keys/s" if UNITS[case] > 1 else "calls/s"
         label = f"{ours_label} | {mc_label}"
+        if system != "ours":
+            label += f" [{system[5:]}]"
         for metric, a, b, hib, fmt in (
             ("p50", o.lat.p50, mc.lat.p50 if mc else None, False, fmt_seconds),
             ("p99", o.lat.p99, mc.lat.p99 if mc else None, False, fmt_seconds),
@@ -542,39 +566,76 @@ def render(results: list[CaseResult]) -> str:
     cpu_rows: list[list[str]] = []
     for r in results:
         if r.cpu:
-            cpu_rows.append([r.system, CASE_TEXT[r.case][0 if r.system == "ours" else 1],
+            masters = [k for k in r.cpu if k.startswith("master")]
+            total = {**r.cpu, "master": sum(r.cpu[k] for k in masters)}
+            each = ", ".join(f"{r.cpu[k] / (r.calls * UNITS[r.case]) * 1e6:.1f}"
+                             for k in masters) if len(masters) > 1 and r.calls else ""
+            cpu_rows.append([r.system, CASE_TEXT[r.case][0 if r.system != "mooncake" else 1],
                              str(r.clients)] + [
-                f"{v:.1f}" if (v := r.cpu_us_per_unit(k)) is not None else "-"
-                for k in ("master", "node")])
+                f"{v:.1f}" if (v := CaseResult(r.system, r.case, r.clients, r.calls, r.lat,
+                                               r.rate, cpu=total).cpu_us_per_unit(k))
+                is not None else "-" for k in ("master", "node")] + [each or "-"])
     if cpu_rows:
         table += ("\n\nCPU per object (put64) or key, µs (user + system, from the case's "
-                  "start until every client's last timed call):\n\n" + format_table(
-                      ["system", "operation", "clients", "master", "node"], cpu_rows,
-                      align="llrrr"))
-    return head + "\n\n" + table
+                  "start until every client's last timed call; master: all shards' masters "
+                  "together, then each shard's):\n\n" + format_table(
+                      ["system", "operation", "clients", "master", "node", "per shard"],
+                      cpu_rows, align="llrrrr"))
+    return head + "\n\n" + table + shard_table(results)
 
 
-def fast_address(etcd: str) -> str:
+def shard_table(results: list[CaseResult]) -> str:
+    """With more than one shard count: each sharded system against one shard."""
+    by = {(r.system, r.case, r.clients): r for r in results}
+    rows = []
+    for (system, case, clients), o in by.items():
+        one = by.get(("ours", case, clients))
+        if not system.startswith("ours-") or one is None:
+            continue
+        for metric, a, b, hib in (("p50", o.lat.p50, one.lat.p50, False),
+                                  ("p99", o.lat.p99, one.lat.p99, False),
+                                  ("rate", o.rate, one.rate, True)):
+            rows.append([CASE_TEXT[case][0], system[5:], str(clients), metric,
+                         fmt_ratio(better_ratio(a, b, higher_is_better=hib))])
+    if not rows:
+        return ""
+    return ("\n\nShards against one shard, same run (ratio > 1: the sharded cluster is "
+            "better):\n\n" + format_table(["operation", "shards", "clients", "metric",
+                                           "ratio"], rows, align="llrlr"))
+
+
+def fast_address(etcd: str, shards: int = 1) -> str:
+    """Each shard's leader's fast channel, comma-separated in shard order."""
     from kvstore.coord.etcd import read_key_sync
     from kvstore.coord.layout import Layout, MasterRecord
 
-    raw = read_key_sync(etcd, Layout().leader)
-    fast = MasterRecord.decode(raw).fast if raw else ""
-    if not fast:
-        raise RuntimeError("the master announces no fast channel; use --transport grpc")
-    return fast
+    out = []
+    for k in range(shards):
+        raw = read_key_sync(etcd, Layout().for_shard(k, shards).leader)
+        fast = MasterRecord.decode(raw).fast if raw else ""
+        if not fast:
+            raise RuntimeError("the master announces no fast channel; use --transport grpc")
+        out.append(fast)
+    return ",".join(out)
 
 
 def _daemons(pids: dict[str, int]) -> dict[str, int]:
-    """master and node pids by kind (see bench.mix._kind); etcd is left out."""
+    """master and node pids by kind (see bench.mix._kind); etcd is left out. With master
+    shards each shard's master is its own entry, "master", "master-1", ..."""
     from bench.mix import _kind
 
-    out = {}
+    out: dict[str, int] = {}
     for name, pid in pids.items():
         kind = _kind(name)
-        if kind in ("master", "node") and kind not in out:
+        if kind == "master" and "master" in out:
+            kind = f"master-{sum(k.startswith('master') for k in out)}"
+        if kind.startswith("master") or (kind == "node" and kind not in out):
             out[kind] = pid
     return out
+
+
+def system_name(shards: int) -> str:
+    return "ours" if shards == 1 else f"ours-{shards}sh"
 
 
 def orchestrate(args: argparse.Namespace) -> int:
@@ -594,13 +655,16 @@ def orchestrate(args: argparse.Namespace) -> int:
         with contextlib.ExitStack() as stack:
             args.sample_ctl = (tmp / "sample-ctl" if args.profile_master and _py_spy() is None
                                else None)
-            with sampler_env(args.sample_ctl):
-                oc = stack.enter_context(ours(tmp, dram="1GiB"))
-            fast = fast_address(oc.etcd) if args.transport == "fast" else ""
+            systems = []
+            for n in args.shards:
+                with sampler_env(args.sample_ctl):
+                    oc = stack.enter_context(ours(tmp / f"s{n}", dram="1GiB", shards=n))
+                fast = fast_address(oc.etcd, n) if args.transport == "fast" else ""
+                systems.append((system_name(n), {"master": oc.master, "fast": fast},
+                                _daemons(oc.pids)))
             mc = stack.enter_context(mooncake(tmp, SEGMENT))
-            systems = [("ours", {"master": oc.master, "fast": fast}, _daemons(oc.pids)),
-                       ("mooncake", {"master": mc.master, "metadata": mc.metadata},
-                        _daemons({n: p.pid for n, p in mc.procs}))]
+            systems.append(("mooncake", {"master": mc.master, "metadata": mc.metadata},
+                            _daemons({n: p.pid for n, p in mc.procs})))
             print("both systems up; measuring them in turn ...", flush=True)
             whole = args.duration
             args.duration = whole / args.turns  # each turn's share of every case
@@ -610,7 +674,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                     log = tmp / f"clients-{system}.log"
                     results += run_clients(args, system, ep, 1, single, turn == 0, log, pids)
                     results += run_clients(args, system, ep, args.clients, multi, False, log,
-                                           pids, profile=system == "ours" and turn == 0)
+                                           pids, profile=system.startswith("ours") and turn == 0)
             args.duration = whole
         results = pool_turns(results)
         print()
@@ -652,6 +716,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--transport", choices=["fast", "grpc"], default="fast",
                    help="kvstore's control channel: the fast one the clients use by default, "
                         "or gRPC")
+    p.add_argument("--shards", default="1",
+                   help="comma-separated master shard counts to run our cluster with, "
+                        "e.g. 1,2: each is its own cluster, measured beside the others "
+                        "(requests fan out per shard as the client's do)")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--nested-replicas", action="store_true",
                    help="GetReplicas answered as one message per key (what clients before "
@@ -675,6 +743,13 @@ def main(argv: list[str] | None = None) -> int:
         args.duration = 0.5
     if args.turns < 1:
         build_parser().error(f"--turns must be 1 or more, got {args.turns}")
+    try:
+        args.shards = [int(n) for n in str(args.shards).split(",")]
+    except ValueError:
+        build_parser().error(f"--shards takes shard counts such as 1,2, not {args.shards!r}")
+    if any(n < 1 for n in args.shards) or (args.transport == "grpc" and max(args.shards) > 1):
+        build_parser().error("--shards: counts of 1 or more, and more than 1 only over "
+                             "--transport fast")
     if args.profile_master:
         args.profile_master = str(Path(args.profile_master).resolve())
         Path(args.profile_master).mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,10 @@ checksum recorded here and at the master.
 An intent (`Held.pending`) counts as held only while the bytes at its range verify
 against its checksum (`verify_pending`): its put's OK waited for the intent but not for
 the commit (docs/durability.md, section 1), so the bytes are the commit's proof.
+
+With a sharded control plane every shard's leader keeps its own entries here (each
+tagged with its shard: a key belongs to one shard only, so they never collide) under its
+own epoch: shard 3's newer epoch says nothing about shard 5's leader.
 """
 
 from __future__ import annotations
@@ -27,20 +31,30 @@ class Held:
     # A placeholder's intent: no checksum yet, the put record after its bytes names the
     # key and checksum (kvstore/put_record.py).
     record: bool = False
+    shard: int = 0  # the master shard whose entry it is (docs/scaling.md)
 
 
 class Inventory:
     def __init__(self) -> None:
         self._dram: dict[bytes, Held] = {}
         self._lock = threading.Lock()
-        self.epoch = 0
+        self._epochs: dict[int, int] = {}  # shard -> the newest epoch its leaders sent
 
-    def admit_epoch(self, epoch: int) -> bool:
-        """Accept a caller's epoch unless a newer leader has already spoken to us."""
+    @property
+    def epoch(self) -> int:
+        """Shard 0's epoch (the only one in a cluster of one shard)."""
+        return self._epochs.get(0, 0)
+
+    def epoch_of(self, shard: int) -> int:
+        return self._epochs.get(shard, 0)
+
+    def admit_epoch(self, epoch: int, shard: int = 0) -> bool:
+        """Accept a caller's epoch unless a newer leader of the same shard has already
+        spoken to us."""
         with self._lock:
-            if epoch < self.epoch:
+            if epoch < self._epochs.get(shard, 0):
                 return False
-            self.epoch = epoch
+            self._epochs[shard] = epoch
             return True
 
     def apply(self, add: list[tuple[bytes, Held]], drop: list[tuple[bytes, int]]) -> None:
@@ -88,9 +102,11 @@ class Inventory:
                     if now is not None and now.offset == change:
                         del dram[key]
 
-    def pending(self) -> list[tuple[bytes, Held]]:
+    def pending(self, shard: int | None = None) -> list[tuple[bytes, Held]]:
+        """The intents (of one shard's leaders, if given)."""
         with self._lock:
-            return [(k, h) for k, h in self._dram.items() if h.pending]
+            return [(k, h) for k, h in self._dram.items()
+                    if h.pending and (shard is None or h.shard == shard)]
 
     def settle_pending(self, verified: list[tuple[bytes, Held]],
                        torn: list[tuple[bytes, Held]], epoch: int,
@@ -110,7 +126,7 @@ class Inventory:
                     dram[key] = entry
             for key, held in verified:
                 if held.pending < epoch and dram.get(key) is held:
-                    dram[key] = Held(held.offset, held.size, held.checksum)
+                    dram[key] = Held(held.offset, held.size, held.checksum, shard=held.shard)
             for key, held in torn:
                 if held.pending < epoch and dram.get(key) is held:
                     del dram[key]
@@ -119,9 +135,12 @@ class Inventory:
         with self._lock:
             self._dram.clear()
 
-    def dram(self) -> list[tuple[bytes, Held]]:
+    def dram(self, shard: int | None = None) -> list[tuple[bytes, Held]]:
+        """Every entry (of one shard, if given)."""
         with self._lock:
-            return list(self._dram.items())
+            if shard is None:
+                return list(self._dram.items())
+            return [(k, h) for k, h in self._dram.items() if h.shard == shard]
 
     def __len__(self) -> int:
         return len(self._dram)

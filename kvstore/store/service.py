@@ -9,6 +9,7 @@ from typing import Any
 from kvstore import put_record
 from kvstore.checksum import matches
 from kvstore.errors import MAX_KEY_BYTES, Code, KVStoreError
+from kvstore.shards import shard_of
 from kvstore.store.inventory import Held, Inventory
 from kvstore.store.segment import DramSegment
 from kvstore.store.ssd import SsdTier
@@ -42,11 +43,12 @@ class StoreNodeService(spbg.StoreNodeServicer):
         self.segment_name = ""  # the Transfer Engine's, once registered (Inventory says it)
 
     async def Apply(self, request: spb.ApplyRequest, context: Any) -> spb.ApplyResponse:
-        if not self.inventory.admit_epoch(request.epoch):
+        shard = request.shard
+        if not self.inventory.admit_epoch(request.epoch, shard):
             return _stale(spb.ApplyResponse)
         if request.add or request.drop:
             self.inventory.apply(
-                [(r.key, Held(r.offset, r.size, r.checksum)) for r in request.add
+                [(r.key, Held(r.offset, r.size, r.checksum, shard=shard)) for r in request.add
                  if r.tier != "ssd"],
                 [(r.key, r.offset) for r in request.drop if r.tier != "ssd"],
             )
@@ -64,7 +66,7 @@ class StoreNodeService(spbg.StoreNodeServicer):
                 else:
                     ordered.append((r.key, Held(r.offset, r.size, r.checksum,
                                                 epoch if r.pending else 0,
-                                                r.pending and r.record)))
+                                                r.pending and r.record, shard)))
             self.inventory.replay(ordered)
         # A drop names the reservation it frees: skip it if the key has been demoted
         # again since (a newer copy under a newer reservation).
@@ -79,13 +81,14 @@ class StoreNodeService(spbg.StoreNodeServicer):
 
     async def Inventory(self, request: spb.InventoryRequest,
                         context: Any) -> spb.InventoryResponse:
-        if not self.inventory.admit_epoch(request.epoch):
+        shard = request.shard
+        if not self.inventory.admit_epoch(request.epoch, shard):
             return _stale(spb.InventoryResponse)
         if request.identity_only:
             return spb.InventoryResponse(node_id=self.node_id, segment=self.segment_name,
                                          base_addr=self.segment.base_addr,
                                          size=self.segment.size)
-        pending = self.inventory.pending()
+        pending = self.inventory.pending(shard)
         verified: list[tuple[bytes, Held]] = []
         if pending:
             # Intents count only where their bytes verify: a put acknowledged on the
@@ -102,14 +105,17 @@ class StoreNodeService(spbg.StoreNodeServicer):
             verified += list(recorded.values())
         replicas = [
             spb.Replica(key=k, offset=h.offset, size=h.size, checksum=h.checksum, tier="dram")
-            for k, h in self.inventory.dram() if not h.pending
+            for k, h in self.inventory.dram(shard) if not h.pending
         ]
         listed = {r.key for r in replicas}  # a verified intent of an older leader is plain now
         replicas += [spb.Replica(key=k, offset=h.offset, size=h.size, checksum=h.checksum,
                                  tier="dram") for k, h in verified if k not in listed]
         if self.ssd is not None:
+            # The SSD tier is every shard's: each is told of the keys that hash to it.
+            shards = request.shards
             replicas += [spb.Replica(key=e.key, size=e.size, checksum=e.checksum, tier="ssd")
-                         for e in self.ssd.entries()]
+                         for e in self.ssd.entries()
+                         if shards <= 1 or shard_of(e.key, shards) == shard]
         return spb.InventoryResponse(node_id=self.node_id, replicas=replicas,
                                      segment=self.segment_name,
                                      base_addr=self.segment.base_addr, size=self.segment.size)
@@ -154,10 +160,10 @@ class StoreNodeService(spbg.StoreNodeServicer):
                 return None
         finally:
             view.release()
-        return rec.key, Held(held.offset, held.size, rec.checksum)
+        return rec.key, Held(held.offset, held.size, rec.checksum, shard=held.shard)
 
     async def Move(self, request: spb.MoveRequest, context: Any) -> spb.MoveResponse:
-        if not self.inventory.admit_epoch(request.epoch):
+        if not self.inventory.admit_epoch(request.epoch, request.shard):
             return _stale(spb.MoveResponse)
         items = list(request.items)
         # Disk I/O runs in worker threads, several at once, off the event loop: the
