@@ -10,6 +10,10 @@ checksum recorded here and at the master.
 An intent (`Held.pending`) counts as held only while the bytes at its range verify
 against its checksum (`verify_pending`): its put's OK waited for the intent but not for
 the commit (docs/durability.md, section 1), so the bytes are the commit's proof.
+
+A node serves every master shard (docs/scaling.md): each shard's leader keeps its own
+inventory and epoch here (`ShardInventories`), since shard 3's epoch says nothing about
+shard 5's and each shard's leader reads back only its own entries.
 """
 
 from __future__ import annotations
@@ -125,6 +129,40 @@ class Inventory:
 
     def __len__(self) -> int:
         return len(self._dram)
+
+
+class ShardInventories:
+    """One `Inventory` per master shard, made when a shard's leader first speaks.
+
+    Shard 0 always exists: with one shard (the default) it is the node's only inventory,
+    exactly as before shards. Keys are disjoint between shards, so the node's DRAM
+    objects are the union of the shards' entries."""
+
+    def __init__(self, first: Inventory | None = None) -> None:
+        self._shards: dict[int, Inventory] = {0: first if first is not None else Inventory()}
+        self._lock = threading.Lock()
+
+    def of(self, shard: int) -> Inventory:
+        inv = self._shards.get(shard)
+        if inv is None:
+            with self._lock:
+                inv = self._shards.setdefault(shard, Inventory())
+        return inv
+
+    def shards(self) -> dict[int, Inventory]:
+        with self._lock:
+            return dict(self._shards)
+
+    def epochs(self) -> dict[int, int]:
+        return {k: inv.epoch for k, inv in self.shards().items()}
+
+    def dram(self) -> list[tuple[bytes, Held]]:
+        """Every shard's entries (what the node's DRAM holds, for metrics and the
+        SIGTERM flush)."""
+        return [e for inv in self.shards().values() for e in inv.dram()]
+
+    def __len__(self) -> int:
+        return sum(len(inv) for inv in self.shards().values())
 
 
 def _sequence(current: Held | None, adds: list[Held], drops: list[int]) -> list[Held | int]:
