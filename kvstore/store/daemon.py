@@ -13,8 +13,9 @@ Life of a node:
    this one's inventory (its re-indexed SSD objects), without waiting for the old lease;
 5. mount the segment at the current leader of every master shard (and again whenever a
    shard's leader changes); each shard's leader keeps its own inventory and epoch here;
-6. on SIGTERM: unmount at every shard's leader, write the DRAM objects to the SSD tier if it has one (bounded
-   by --shutdown-flush; store/shutdown.py), delete the key, revoke the lease.
+6. on SIGTERM: unmount at every shard's leader, write the DRAM objects to the SSD tier
+   if it has one (bounded by --shutdown-flush; store/shutdown.py), delete the key,
+   revoke the lease.
 
 An incarnation whose key now names another one (it was frozen, and a newer process took
 its id meanwhile) has been fenced: it stops, exit FENCED_EXIT, without touching the key

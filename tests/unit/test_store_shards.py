@@ -223,6 +223,12 @@ class FakeEtcd:
     async def get_with_revision(self, key: bytes) -> tuple[bytes, int] | None:
         return self.values.get(key)
 
+    async def delete(self, key: bytes) -> None:
+        self.values.pop(key, None)
+
+    async def close(self) -> None:
+        pass
+
 
 def leader(address: str, epoch: int) -> tuple[bytes, int]:
     return MasterRecord("m", address, 1).encode(), epoch
@@ -267,4 +273,24 @@ def test_with_no_shard_count_a_node_mounts_where_it_always_did() -> None:
         assert await daemon._leader_keys() == [Layout("c").leader]
         daemon.etcd = FakeEtcd({Layout("c").shard_count: (b"3", 1)})  # type: ignore[assignment]
         assert await daemon._leader_keys() == [Layout("c", k, 3).leader for k in range(3)]
+    asyncio.run(main())
+
+
+def test_a_clean_stop_unmounts_at_every_shards_leader() -> None:
+    async def main() -> None:
+        daemon = StoreDaemon(StoreOptions(cluster="c"))
+        layout = Layout("c")
+        daemon.etcd = FakeEtcd({layout.shard_count: (b"2", 1)})  # type: ignore[assignment]
+        unmounted: list[bytes] = []
+
+        async def unmount(leader_key: bytes) -> None:
+            unmounted.append(leader_key)
+
+        async def owner() -> str:
+            return "us"
+
+        daemon._unmount = unmount  # type: ignore[method-assign]
+        daemon._owner = owner  # type: ignore[method-assign]
+        await daemon._leave()
+        assert sorted(unmounted) == sorted(Layout("c", k, 2).leader for k in range(2))
     asyncio.run(main())
