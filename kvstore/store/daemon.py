@@ -11,9 +11,11 @@ Life of a node:
    left by a previous incarnation of the same id is overwritten at once: the leader's
    membership watch sees another pid, drops the old incarnation's replicas and adopts
    this one's inventory (its re-indexed SSD objects), without waiting for the old lease;
-5. mount the segment at the current leader (and again whenever the leader changes);
-6. on SIGTERM: unmount, write the DRAM objects to the SSD tier if it has one (bounded
-   by --shutdown-flush; store/shutdown.py), delete the key, revoke the lease.
+5. mount the segment at the current leader of every master shard (and again whenever a
+   shard's leader changes); each shard's leader keeps its own inventory and epoch here;
+6. on SIGTERM: unmount at every shard's leader, write the DRAM objects to the SSD tier
+   if it has one (bounded by --shutdown-flush; store/shutdown.py), delete the key,
+   revoke the lease.
 
 An incarnation whose key now names another one (it was frozen, and a newer process took
 its id meanwhile) has been fenced: it stops, exit FENCED_EXIT, without touching the key
@@ -45,7 +47,7 @@ from kvstore.rpc.deltas import DeltaServer
 from kvstore.security.access import Authenticator, Role
 from kvstore.security.daemons import DaemonSecurity
 from kvstore.store import identity
-from kvstore.store.inventory import Inventory
+from kvstore.store.inventory import ShardInventories
 from kvstore.store.segment import DramSegment
 from kvstore.store.service import StoreNodeService
 from kvstore.store.shutdown import flush_to_ssd, log_report
@@ -101,7 +103,7 @@ class StoreDaemon:
         self.transfer: Transfer | None = None
         self.lease_id = 0
         self._lease_lost = asyncio.Event()
-        self.inventory = Inventory()
+        self.inventories = ShardInventories()  # one per master shard (service.py)
         self.ssd: SsdTier | None = None
         self.counters = TierCounters()
         self.server: grpc.aio.Server | None = None
@@ -179,7 +181,7 @@ class StoreDaemon:
                  self.transfer.segment_name)
         await self._serve()
         if self.opts.metrics_port:
-            serve_metrics(NodeCollector(self.node_id, self.segment.size, self.inventory,
+            serve_metrics(NodeCollector(self.node_id, self.segment.size, self.inventories,
                                         lambda: self.ssd, self.counters),
                           self.opts.metrics_port, self.opts.metrics_host)
         tasks = [
@@ -305,7 +307,7 @@ class StoreDaemon:
                                                         lease_id) is not None:
                         log.warning("node %s: its etcd record vanished while its lease "
                                     "lives; announced again (%d objects for the leader to "
-                                    "adopt)", self.node_id, len(self.inventory))
+                                    "adopt)", self.node_id, len(self.inventories))
                     continue
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.opts.etcd_lease_ttl):
@@ -358,7 +360,7 @@ class StoreDaemon:
         self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
                                                ("grpc.max_send_message_length", 256 << 20)],
                                       interceptors=self.security.node_interceptors(self.auth))
-        service = StoreNodeService(self.node_id, self.inventory, self.segment, self.ssd,
+        service = StoreNodeService(self.node_id, self.inventories, self.segment, self.ssd,
                                    self.counters)
         service.segment_name = self.transfer.segment_name if self.transfer else ""
         spbg.add_StoreNodeServicer_to_server(service, self.server)
@@ -433,26 +435,46 @@ class StoreDaemon:
             # back, it tells us to drop). Clearing it lost every object of a node that
             # outlived a long etcd outage.
             log.warning("node %s lost its etcd lease; re-announcing with its inventory "
-                        "(%d objects)", self.node_id, len(self.inventory))
+                        "(%d objects)", self.node_id, len(self.inventories))
+
+    async def _leader_keys(self) -> list[bytes]:
+        """The leader key of every master shard of the cluster. The count is read each
+        time: a node may start before the first master has recorded it (absent: one
+        shard, whose leader key is where it always was)."""
+        raw = await self.etcd.get(self.layout.shard_count)
+        count = 1
+        if raw is not None:
+            try:
+                count = max(1, int(raw))
+            except ValueError:
+                log.warning("node %s: the cluster's shard count in etcd (%r) is not a "
+                            "number; mounting at shard 0 only", self.node_id, raw[:32])
+        if count <= 1:
+            return [self.layout.leader]
+        return [self.layout.for_shard(k, count).leader for k in range(count)]
 
     async def _mount_at_leaders(self) -> None:
-        """Mount at the leader named in etcd; mount again whenever the leader changes."""
-        mounted_epoch = -1
+        """Mount at each shard's leader named in etcd; mount again whenever one changes."""
+        mounted: dict[bytes, int] = {}  # a shard's leader key -> the epoch mounted at
         while True:
+            keys: list[bytes] = []
             try:
-                current = await self.etcd.get_with_revision(self.layout.leader)
+                keys = await self._leader_keys()
+                for key in keys:
+                    current = await self.etcd.get_with_revision(key)
+                    if current is None:
+                        continue
+                    raw, epoch = current
+                    # Never mount while a newer incarnation holds our id: the leader would
+                    # take our segment for its and drop what that one holds.
+                    if epoch != mounted.get(key) and await self._owner() == "us":
+                        master = MasterRecord.decode(raw)
+                        if await self._mount(master.address, master.tls):
+                            mounted[key] = epoch
             except Exception as exc:
                 log.warning("reading the leader from etcd failed (%s)", exc)
-                current = None
-            if current is not None:
-                raw, epoch = current
-                # Never mount while a newer incarnation holds our id: the leader would
-                # take our segment for its and drop what that one holds.
-                if epoch != mounted_epoch and await self._owner() == "us":
-                    master = MasterRecord.decode(raw)
-                    if await self._mount(master.address, master.tls):
-                        mounted_epoch = epoch
-            await asyncio.sleep(0.5 if mounted_epoch < 0 else 2.0)
+            await asyncio.sleep(0.5 if not keys or any(k not in mounted for k in keys)
+                                else 2.0)
 
     async def _mount(self, address: str, tls: bool) -> bool:
         assert self.segment is not None and self.transfer is not None
@@ -478,7 +500,7 @@ class StoreDaemon:
         A fenced incarnation writes nothing: the id, and what it holds, are a newer one's."""
         if self.ssd is None or self.segment is None or self._fenced or self.opts.shutdown_flush <= 0:
             return
-        held = self.inventory.dram()
+        held = self.inventories.dram()  # every shard's objects
         if not held:
             return
         log.info("node %s: writing %d DRAM objects to its SSD tier before it stops (at most "
@@ -492,18 +514,25 @@ class StoreDaemon:
             return
         log_report(self.node_id, report, self.opts.shutdown_flush)
 
+    async def _unmount(self, leader_key: bytes) -> None:
+        current = await self.etcd.get(leader_key)
+        if current is not None:
+            master = MasterRecord.decode(current)
+            async with self.security.channel(master.address, master.tls) as channel:
+                await pbg.MasterStub(channel).UnmountSegment(
+                    pb.UnmountSegmentRequest(node_id=self.node_id), timeout=3.0)
+
     async def _leave(self) -> None:
         """Clean stop: tell the leader first, so no reader is sent here after we are gone.
         Fenced (our id's key names a newer incarnation): unmount nothing, delete nothing;
         both would hit that one."""
         ours = not self._fenced and await self._owner() != "other"
-        with contextlib.suppress(Exception):
-            current = await self.etcd.get(self.layout.leader)
-            if ours and current is not None:
-                master = MasterRecord.decode(current)
-                async with self.security.channel(master.address, master.tls) as channel:
-                    await pbg.MasterStub(channel).UnmountSegment(
-                        pb.UnmountSegmentRequest(node_id=self.node_id), timeout=3.0)
+        if ours:
+            with contextlib.suppress(Exception):
+                # Every shard's leader, at once: one that does not answer delays the
+                # others' unmounts by nothing.
+                await asyncio.gather(*(self._unmount(key) for key in await self._leader_keys()),
+                                     return_exceptions=True)
         # After the unmount: the leader places nothing more here while it runs (a put
         # acknowledged into DRAM now would be lost at exit), and the DRAM it writes holds
         # still. The next start's inventory brings the objects back.

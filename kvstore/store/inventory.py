@@ -11,9 +11,9 @@ An intent (`Held.pending`) counts as held only while the bytes at its range veri
 against its checksum (`verify_pending`): its put's OK waited for the intent but not for
 the commit (docs/durability.md, section 1), so the bytes are the commit's proof.
 
-With a sharded control plane every shard's leader keeps its own entries here (each
-tagged with its shard: a key belongs to one shard only, so they never collide) under its
-own epoch: shard 3's newer epoch says nothing about shard 5's leader.
+A node serves every master shard (docs/scaling.md): each shard's leader keeps its own
+inventory and epoch here (`ShardInventories`), since shard 3's epoch says nothing about
+shard 5's and each shard's leader reads back only its own entries.
 """
 
 from __future__ import annotations
@@ -31,30 +31,20 @@ class Held:
     # A placeholder's intent: no checksum yet, the put record after its bytes names the
     # key and checksum (kvstore/put_record.py).
     record: bool = False
-    shard: int = 0  # the master shard whose entry it is (docs/scaling.md)
 
 
 class Inventory:
     def __init__(self) -> None:
         self._dram: dict[bytes, Held] = {}
         self._lock = threading.Lock()
-        self._epochs: dict[int, int] = {}  # shard -> the newest epoch its leaders sent
+        self.epoch = 0
 
-    @property
-    def epoch(self) -> int:
-        """Shard 0's epoch (the only one in a cluster of one shard)."""
-        return self._epochs.get(0, 0)
-
-    def epoch_of(self, shard: int) -> int:
-        return self._epochs.get(shard, 0)
-
-    def admit_epoch(self, epoch: int, shard: int = 0) -> bool:
-        """Accept a caller's epoch unless a newer leader of the same shard has already
-        spoken to us."""
+    def admit_epoch(self, epoch: int) -> bool:
+        """Accept a caller's epoch unless a newer leader has already spoken to us."""
         with self._lock:
-            if epoch < self._epochs.get(shard, 0):
+            if epoch < self.epoch:
                 return False
-            self._epochs[shard] = epoch
+            self.epoch = epoch
             return True
 
     def apply(self, add: list[tuple[bytes, Held]], drop: list[tuple[bytes, int]]) -> None:
@@ -102,11 +92,9 @@ class Inventory:
                     if now is not None and now.offset == change:
                         del dram[key]
 
-    def pending(self, shard: int | None = None) -> list[tuple[bytes, Held]]:
-        """The intents (of one shard's leaders, if given)."""
+    def pending(self) -> list[tuple[bytes, Held]]:
         with self._lock:
-            return [(k, h) for k, h in self._dram.items()
-                    if h.pending and (shard is None or h.shard == shard)]
+            return [(k, h) for k, h in self._dram.items() if h.pending]
 
     def settle_pending(self, verified: list[tuple[bytes, Held]],
                        torn: list[tuple[bytes, Held]], epoch: int,
@@ -126,7 +114,7 @@ class Inventory:
                     dram[key] = entry
             for key, held in verified:
                 if held.pending < epoch and dram.get(key) is held:
-                    dram[key] = Held(held.offset, held.size, held.checksum, shard=held.shard)
+                    dram[key] = Held(held.offset, held.size, held.checksum)
             for key, held in torn:
                 if held.pending < epoch and dram.get(key) is held:
                     del dram[key]
@@ -135,15 +123,46 @@ class Inventory:
         with self._lock:
             self._dram.clear()
 
-    def dram(self, shard: int | None = None) -> list[tuple[bytes, Held]]:
-        """Every entry (of one shard, if given)."""
+    def dram(self) -> list[tuple[bytes, Held]]:
         with self._lock:
-            if shard is None:
-                return list(self._dram.items())
-            return [(k, h) for k, h in self._dram.items() if h.shard == shard]
+            return list(self._dram.items())
 
     def __len__(self) -> int:
         return len(self._dram)
+
+
+class ShardInventories:
+    """One `Inventory` per master shard, made when a shard's leader first speaks.
+
+    Shard 0 always exists: with one shard (the default) it is the node's only inventory,
+    exactly as before shards. Keys are disjoint between shards, so the node's DRAM
+    objects are the union of the shards' entries."""
+
+    def __init__(self, first: Inventory | None = None) -> None:
+        self._shards: dict[int, Inventory] = {0: first if first is not None else Inventory()}
+        self._lock = threading.Lock()
+
+    def of(self, shard: int) -> Inventory:
+        inv = self._shards.get(shard)
+        if inv is None:
+            with self._lock:
+                inv = self._shards.setdefault(shard, Inventory())
+        return inv
+
+    def shards(self) -> dict[int, Inventory]:
+        with self._lock:
+            return dict(self._shards)
+
+    def epochs(self) -> dict[int, int]:
+        return {k: inv.epoch for k, inv in self.shards().items()}
+
+    def dram(self) -> list[tuple[bytes, Held]]:
+        """Every shard's entries (what the node's DRAM holds, for metrics and the
+        SIGTERM flush)."""
+        return [e for inv in self.shards().values() for e in inv.dram()]
+
+    def __len__(self) -> int:
+        return sum(len(inv) for inv in self.shards().values())
 
 
 def _sequence(current: Held | None, adds: list[Held], drops: list[int]) -> list[Held | int]:

@@ -9,8 +9,8 @@ from typing import Any
 from kvstore import put_record
 from kvstore.checksum import matches
 from kvstore.errors import MAX_KEY_BYTES, Code, KVStoreError
-from kvstore.shards import shard_of
-from kvstore.store.inventory import Held, Inventory
+from kvstore.shards import MAX_SHARDS, shard_of
+from kvstore.store.inventory import Held, Inventory, ShardInventories
 from kvstore.store.segment import DramSegment
 from kvstore.store.ssd import SsdTier
 from kvstore.store.tier_metrics import TierCounters
@@ -24,15 +24,28 @@ PACK_BELOW = 256 << 10
 MAX_RECORD_BYTES = put_record.record_bytes(MAX_KEY_BYTES)
 
 
-def _stale(response: Any) -> Any:
-    return response(error=cpb.Error(code=Code.NOT_LEADER, message=_STALE))  # type: ignore[arg-type]
+def _stale(response: Any, shard: int = 0) -> Any:
+    message = _STALE if not shard else f"{_STALE} (shard {shard})"
+    return response(error=cpb.Error(code=Code.NOT_LEADER, message=message))  # type: ignore[arg-type]
+
+
+def _no_such_shard(response: Any, shard: int) -> Any:
+    return response(error=cpb.Error(
+        code=Code.INVALID_ARGUMENT,  # type: ignore[arg-type]
+        message=f"shard {shard} cannot exist: a cluster has at most {MAX_SHARDS} shards "
+                f"(0 to {MAX_SHARDS - 1})"))
 
 
 class StoreNodeService(spbg.StoreNodeServicer):
-    def __init__(self, node_id: str, inventory: Inventory, segment: DramSegment,
-                 ssd: SsdTier | None, counters: TierCounters) -> None:
+    def __init__(self, node_id: str, inventory: Inventory | ShardInventories,
+                 segment: DramSegment, ssd: SsdTier | None, counters: TierCounters) -> None:
+        """`inventory`: the node's per-shard inventories, or shard 0's alone (one shard)."""
         self.node_id = node_id
-        self.inventory = inventory
+        # Every master shard's leader keeps its own inventory and epoch on this node:
+        # each call works on its request's shard's (docs/scaling.md).
+        self.inventories = (inventory if isinstance(inventory, ShardInventories)
+                            else ShardInventories(inventory))
+        self.inventory = self.inventories.of(0)
         self.segment = segment
         self.ssd = ssd
         self.counters = counters
@@ -42,13 +55,18 @@ class StoreNodeService(spbg.StoreNodeServicer):
         self._promoting = ThreadPoolExecutor(4, thread_name_prefix="promote")
         self.segment_name = ""  # the Transfer Engine's, once registered (Inventory says it)
 
+    def _of(self, shard: int) -> Inventory | None:
+        return self.inventories.of(shard) if 0 <= shard < MAX_SHARDS else None
+
     async def Apply(self, request: spb.ApplyRequest, context: Any) -> spb.ApplyResponse:
-        shard = request.shard
-        if not self.inventory.admit_epoch(request.epoch, shard):
-            return _stale(spb.ApplyResponse)
+        inventory = self._of(request.shard)
+        if inventory is None:
+            return _no_such_shard(spb.ApplyResponse, request.shard)
+        if not inventory.admit_epoch(request.epoch):
+            return _stale(spb.ApplyResponse, request.shard)
         if request.add or request.drop:
-            self.inventory.apply(
-                [(r.key, Held(r.offset, r.size, r.checksum, shard=shard)) for r in request.add
+            inventory.apply(
+                [(r.key, Held(r.offset, r.size, r.checksum)) for r in request.add
                  if r.tier != "ssd"],
                 [(r.key, r.offset) for r in request.drop if r.tier != "ssd"],
             )
@@ -66,8 +84,8 @@ class StoreNodeService(spbg.StoreNodeServicer):
                 else:
                     ordered.append((r.key, Held(r.offset, r.size, r.checksum,
                                                 epoch if r.pending else 0,
-                                                r.pending and r.record, shard)))
-            self.inventory.replay(ordered)
+                                                r.pending and r.record)))
+            inventory.replay(ordered)
         # A drop names the reservation it frees: skip it if the key has been demoted
         # again since (a newer copy under a newer reservation).
         gone = [r.key for r in ssd_drops
@@ -81,14 +99,16 @@ class StoreNodeService(spbg.StoreNodeServicer):
 
     async def Inventory(self, request: spb.InventoryRequest,
                         context: Any) -> spb.InventoryResponse:
-        shard = request.shard
-        if not self.inventory.admit_epoch(request.epoch, shard):
-            return _stale(spb.InventoryResponse)
+        inventory = self._of(request.shard)
+        if inventory is None:
+            return _no_such_shard(spb.InventoryResponse, request.shard)
+        if not inventory.admit_epoch(request.epoch):
+            return _stale(spb.InventoryResponse, request.shard)
         if request.identity_only:
             return spb.InventoryResponse(node_id=self.node_id, segment=self.segment_name,
                                          base_addr=self.segment.base_addr,
                                          size=self.segment.size)
-        pending = self.inventory.pending(shard)
+        pending = inventory.pending()
         verified: list[tuple[bytes, Held]] = []
         if pending:
             # Intents count only where their bytes verify: a put acknowledged on the
@@ -101,18 +121,19 @@ class StoreNodeService(spbg.StoreNodeServicer):
             # forgotten (its writer may still be writing it).
             torn = [(k, h) for k, h in pending
                     if k not in ok and not (h.record and h.pending >= request.epoch)]
-            self.inventory.settle_pending(verified, torn, request.epoch, recorded)
+            inventory.settle_pending(verified, torn, request.epoch, recorded)
             verified += list(recorded.values())
         replicas = [
             spb.Replica(key=k, offset=h.offset, size=h.size, checksum=h.checksum, tier="dram")
-            for k, h in self.inventory.dram(shard) if not h.pending
+            for k, h in inventory.dram() if not h.pending
         ]
         listed = {r.key for r in replicas}  # a verified intent of an older leader is plain now
         replicas += [spb.Replica(key=k, offset=h.offset, size=h.size, checksum=h.checksum,
                                  tier="dram") for k, h in verified if k not in listed]
         if self.ssd is not None:
-            # The SSD tier is every shard's: each is told of the keys that hash to it.
-            shards = request.shards
+            # One SSD tier serves every shard: a shard's leader reads back the objects
+            # whose keys are its own (all of them with one shard).
+            shards, shard = request.shards, request.shard
             replicas += [spb.Replica(key=e.key, size=e.size, checksum=e.checksum, tier="ssd")
                          for e in self.ssd.entries()
                          if shards <= 1 or shard_of(e.key, shards) == shard]
@@ -160,11 +181,14 @@ class StoreNodeService(spbg.StoreNodeServicer):
                 return None
         finally:
             view.release()
-        return rec.key, Held(held.offset, held.size, rec.checksum, shard=held.shard)
+        return rec.key, Held(held.offset, held.size, rec.checksum)
 
     async def Move(self, request: spb.MoveRequest, context: Any) -> spb.MoveResponse:
-        if not self.inventory.admit_epoch(request.epoch, request.shard):
-            return _stale(spb.MoveResponse)
+        inventory = self._of(request.shard)
+        if inventory is None:
+            return _no_such_shard(spb.MoveResponse, request.shard)
+        if not inventory.admit_epoch(request.epoch):
+            return _stale(spb.MoveResponse, request.shard)
         items = list(request.items)
         # Disk I/O runs in worker threads, several at once, off the event loop: the
         # node keeps answering the leader (and its etcd keepalive) meanwhile.

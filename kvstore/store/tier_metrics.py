@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kvstore.store.inventory import Inventory
+from kvstore.store.inventory import Inventory, ShardInventories
 from kvstore.store.ssd import SsdTier
 
 
@@ -24,7 +24,8 @@ class TierCounters:
 
 
 class NodeCollector(Collector):
-    def __init__(self, node_id: str, dram_capacity: int, inventory: Inventory,
+    def __init__(self, node_id: str, dram_capacity: int,
+                 inventory: Inventory | ShardInventories,
                  ssd: Callable[[], SsdTier | None], counters: TierCounters) -> None:
         self.node_id = node_id
         self.dram_capacity = dram_capacity
@@ -37,7 +38,7 @@ class NodeCollector(Collector):
         cap = GaugeMetricFamily("kvstore_store_capacity_bytes", "Tier capacity", labels=labels)
         used = GaugeMetricFamily("kvstore_store_used_bytes", "Tier bytes in use", labels=labels)
         objs = GaugeMetricFamily("kvstore_store_objects", "Objects held", labels=labels)
-        dram = self.inventory.dram()
+        dram = self.inventory.dram()  # every shard's: the node's DRAM is one
         cap.add_metric([self.node_id, "dram"], self.dram_capacity)
         used.add_metric([self.node_id, "dram"], sum(h.size for _, h in dram))
         objs.add_metric([self.node_id, "dram"], len(dram))
