@@ -416,8 +416,15 @@ class MasterService(pbg.MasterServicer):
     def mount_segment(self, request: pb.MountSegmentRequest) -> pb.MountSegmentResponse:
         if not request.node_id or not request.segment or request.size == 0:
             raise InvalidArgument("MountSegment needs node_id, segment and a non-zero size")
+        tier = request.tier or "dram"
+        # A node mounting itself names its whole segment: this shard takes its own part
+        # of it, as when it mounts the node from its etcd record (daemon._mount).
+        if tier == "dram":
+            start, size = self.shard.part(request.size)
+        else:
+            start, size = 0, request.size // self.shard.count
         self.core.mount_segment(request.node_id, request.segment, request.base_addr,
-                                request.size, request.tier or "dram")
+                                size, tier, start)
         return pb.MountSegmentResponse()
 
     def unmount_segment(self, request: pb.UnmountSegmentRequest) -> pb.MountSegmentResponse:

@@ -1,0 +1,121 @@
+"""A control plane of two master shards over one store node, with real processes.
+
+Each shard is its own `kvstore master --shard K/2` with its own leader key and epoch and
+its own part of the node's segment; the node keeps an inventory and an epoch per shard.
+Calls go to each shard's master directly here (as `bench.master_ops --shards` sends
+them); the admin CLI finds every shard's leader and shows the cluster as one."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import grpc
+
+from kvstore.shards import ShardSpec, shard_of
+from kvstore.v1 import master_pb2 as pb
+from kvstore.v1 import master_pb2_grpc as pbg
+from tests.conftest import Cluster
+
+SHARDS = 2
+SEGMENT = 256 << 20
+
+
+def poll(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout}s")
+        time.sleep(0.05)
+
+
+def put(address: str, keys: list[bytes], size: int = 4096) -> list[int]:
+    """PutStart + PutEnd (allocate and commit; no bytes written): the per-key codes."""
+    with grpc.insecure_channel(address) as ch:
+        stub = pbg.MasterStub(ch)
+        start = stub.PutStart(pb.PutStartRequest(keys=keys, sizes=[size] * len(keys),
+                                                 checksums=[0] * len(keys), writer="t"),
+                              timeout=20)
+        assert not start.error.code, start.error.message
+        end = stub.PutEnd(pb.KeysRequest(keys=keys, writer="t"), timeout=20)
+        assert not end.error.code, end.error.message
+        return [max(a.code, b) for a, b in zip(start.items, end.codes, strict=True)]
+
+
+def exists(address: str, keys: list[bytes]) -> list[bool]:
+    with grpc.insecure_channel(address) as ch:
+        reply = pbg.MasterStub(ch).Exists(pb.KeysRequest(keys=keys), timeout=10)
+    assert not reply.error.code, reply.error.message
+    return list(reply.exists)
+
+
+def keys_of(shard: int, n: int, prefix: str) -> list[bytes]:
+    out, i = [], 0
+    while len(out) < n:
+        if shard_of(key := f"{prefix}-{i}".encode(), SHARDS) == shard:
+            out.append(key)
+        i += 1
+    return out
+
+
+def kvstore_json(c: Cluster, *words: str) -> dict:  # type: ignore[type-arg]
+    run = subprocess.run([sys.executable, "-m", "kvstore", *words, "--etcd", c.etcd, "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr + c.logs()
+    return json.loads(run.stdout)  # type: ignore[no-any-return]
+
+
+def test_two_shards_split_one_node_and_the_cli_shows_them_as_one(
+        cluster_factory: Cluster) -> None:
+    c = cluster_factory
+    c.start_masters(shards=SHARDS)
+    c.start_store("256MiB")
+    c.wait_nodes(1)
+    # each shard mounts its own part of the node, and knows its place
+    statuses = c.statuses()
+    assert [(s.shard, s.shards) for s in statuses] == [(0, 2), (1, 2)]
+    parts = [sum(seg.capacity for seg in s.nodes if seg.tier == "dram") for s in statuses]
+    assert parts == [ShardSpec(k, SHARDS).part(SEGMENT)[1] for k in range(SHARDS)]
+    mine = {k: keys_of(k, 30 + 10 * k, f"k{k}") for k in range(SHARDS)}
+    for k, keys in mine.items():
+        assert put(c.master_of(k), keys) == [0] * len(keys)
+    assert [s.objects_complete for s in c.statuses()] == [30, 40]
+    # the admin CLI sums the shards: one node, its whole segment, every object
+    status = kvstore_json(c, "status")
+    assert status["objects"]["complete"] == 70
+    assert [s["shard"] for s in status["shards"]] == [0, 1]
+    assert status["tiers"]["dram"]["capacity"] == SEGMENT
+    capacity = kvstore_json(c, "capacity")
+    assert capacity["tiers"]["dram"]["capacity"] == SEGMENT
+    assert capacity["tiers"]["dram"]["used"] >= 70 * 4096
+    assert [s["objects"] for s in kvstore_json(c, "status", "--shard", "1")["shards"]] == [40]
+
+
+def test_a_shards_leader_killed_leaves_the_other_serving_and_its_keys_come_back(
+        cluster_factory: Cluster) -> None:
+    c = cluster_factory
+    c.start_masters(shards=SHARDS, per_shard=1)
+    c.start_store("256MiB")
+    c.wait_nodes(1)
+    zero, one = keys_of(0, 50, "z"), keys_of(1, 50, "o")
+    assert put(c.master_of(0), zero) == [0] * 50
+    assert put(c.master_of(1), one) == [0] * 50  # acknowledged: must survive its leader
+    old_epoch = c.status(shard=1).epoch
+    c.by_shard[1][0][0].kill(signal.SIGKILL)
+    # shard 0 goes on serving, and the node goes on obeying it: shard 1's fate is not its
+    more = keys_of(0, 20, "z-after")
+    assert put(c.master_of(0), more) == [0] * 20
+    assert exists(c.master_of(0), zero + more) == [True] * 70
+    # a new master for shard 1 (a newer epoch of shard 1 only) adopts shard 1's keys
+    # from the node's inventory of shard 1; shard 0 keeps its own epoch at the node
+    address = c.start_master(shard=1)
+    c.wait_nodes(1, address=address)
+    poll("shard 1's keys back", lambda: exists(address, one) == [True] * 50)
+    assert c.status(address).epoch > old_epoch
+    assert c.status(address).objects_complete == 50
+    assert put(c.master_of(0), keys_of(0, 5, "z-late")) == [0] * 5
+    assert c.status(shard=0).objects_complete == 75
