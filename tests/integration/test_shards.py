@@ -15,10 +15,13 @@ import time
 from collections.abc import Callable
 
 import grpc
+import pytest
 
+from kvstore.errors import Unavailable
 from kvstore.shards import ShardSpec, shard_of
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
+from kvstore_client import KVStoreClient
 from tests.conftest import Cluster
 
 SHARDS = 2
@@ -93,6 +96,10 @@ def test_two_shards_split_one_node_and_the_cli_shows_them_as_one(
     assert capacity["tiers"]["dram"]["capacity"] == SEGMENT
     assert capacity["tiers"]["dram"]["used"] >= 70 * 4096
     assert [s["objects"] for s in kvstore_json(c, "status", "--shard", "1")["shards"]] == [40]
+    # today's client does not route to shards: it says so, rather than "no master"
+    with pytest.raises(Unavailable, match="runs 2 master shards"), KVStoreClient(
+            etcd=c.etcd, timeout=2) as client:
+        client.put(mine[0][0], b"x")
 
 
 def test_a_shards_leader_killed_leaves_the_other_serving_and_its_keys_come_back(
