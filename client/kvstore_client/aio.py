@@ -39,8 +39,8 @@ class AsyncKVStoreClient(Session):
         self._state = self.options.state(self._layout)
         self._staging_turn = asyncio.Lock()
 
-    def _open(self, record: MasterRecord) -> Control[Any]:
-        return open_control(record, self.transport, self._fast_given_up, self._creds, aio=True)
+    def _open(self, record: MasterRecord, given_up: str = "") -> Control[Any]:
+        return open_control(record, self.transport, given_up, self._creds, aio=True)
 
     async def __aenter__(self) -> AsyncKVStoreClient:
         await self.connect()
@@ -86,14 +86,15 @@ class AsyncKVStoreClient(Session):
         if kind is steps.Move:
             return await asyncio.to_thread(st.run_transfers, op.plan, op.write, time.sleep)
         if kind is ops.Quick:
-            return await quick.read_one_async(st, op.control, op.key, op.dest, self.timeout)
+            return await quick.read_one_async(st, op.control, op.key, op.dest, self.timeout,
+                                              op.shard)
         if kind is ops.Sleep:
             return await asyncio.sleep(op.seconds)
         if kind is ops.Drain:
             return await asyncio.to_thread(
                 lambda: [st.finish_transfers(t, time.sleep) for t in op.tickets])
         if kind is ops.Find:
-            return await asyncio.to_thread(self.find_leader)
+            return await asyncio.to_thread(self.find_leader, op.shard)
         if kind is ops.Close:
             return await op.control.close()
         raise TypeError(f"not an op: {op!r}")

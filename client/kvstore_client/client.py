@@ -46,9 +46,10 @@ class KVStoreClient(Session):
         reply_spin()  # a bad KVSTORE_REPLY_SPIN_US fails here, not at the first call
         self._drive(self._connect())
         self._state = self.options.state(self._layout)
+        self._fit_state()
 
-    def _open(self, record: MasterRecord) -> Control[Any]:
-        return open_control(record, self.transport, self._fast_given_up, self._creds)
+    def _open(self, record: MasterRecord, given_up: str = "") -> Control[Any]:
+        return open_control(record, self.transport, given_up, self._creds)
 
     def __enter__(self) -> KVStoreClient:
         return self
@@ -95,13 +96,14 @@ class KVStoreClient(Session):
         if kind is steps.Move:
             return self._state.run_transfers(op.plan, op.write, self._sleep)
         if kind is ops.Quick:
-            return quick.read_one(self._state, op.control, op.key, op.dest, self.timeout)
+            return quick.read_one(self._state, op.control, op.key, op.dest, self.timeout,
+                                  op.shard)
         if kind is ops.Sleep:
             return self._sleep(op.seconds)
         if kind is ops.Drain:
             return [self._state.finish_transfers(t, self._sleep) for t in op.tickets]
         if kind is ops.Find:
-            return self.find_leader()
+            return self.find_leader(op.shard)
         if kind is ops.Close:
             return op.control.close()
         raise TypeError(f"not an op: {op!r}")

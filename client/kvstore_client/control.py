@@ -46,7 +46,7 @@ from kvstore.security.credentials import Credentials
 from kvstore.security.tls import speaks_tls
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
-from kvstore_client.discovery import find_leader
+from kvstore_client.discovery import find_leader, find_shards
 
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -82,9 +82,15 @@ def timed_out(method: str, timeout: float, last: str) -> Unavailable:
 
 
 def discover_record(etcd: str, layout: Layout, fixed: str | None, timeout: float,
-                    creds: Credentials | None = None) -> MasterRecord:
-    """The leader's record (see kvstore_client.discovery)."""
-    return find_leader(etcd, layout, fixed, timeout, creds)
+                    creds: Credentials | None = None, shard: int = 0) -> MasterRecord:
+    """The leader's record of shard `shard` (see kvstore_client.discovery)."""
+    return find_leader(etcd, layout, fixed, timeout, creds, shard)
+
+
+def discover_shards(etcd: str, layout: Layout, fixed: str | None, timeout: float,
+                    creds: Credentials | None = None) -> int:
+    """The cluster's shard count (see kvstore_client.discovery)."""
+    return find_shards(etcd, layout, fixed, timeout, creds)
 
 
 def check_reply(reply: Any) -> Any:
@@ -199,8 +205,9 @@ class Control(Protocol[R_co]):
     def answer(self, asked: Any, method: str, spin: bool = True) -> R_co:
         """The reply to what `ask` sent, with `call`'s errors."""
 
-    def release(self, lease_id: int, timeout: float) -> None:
-        """Release a lease without waiting (a lost release expires by its TTL)."""
+    def release(self, lease_id: int, timeout: float, keep_first: int = 0) -> None:
+        """Release a lease without waiting (a lost release expires by its TTL); with
+        `keep_first`, all but its first `keep_first` keys."""
 
     def close(self) -> R_co:
         """Close the channel (an awaitable of None for an asyncio one)."""
@@ -291,10 +298,10 @@ class GrpcControl:
         """Whether `answer` would return (or raise) without waiting."""
         return bool(asked.done())
 
-    def release(self, lease_id: int, timeout: float) -> None:
+    def release(self, lease_id: int, timeout: float, keep_first: int = 0) -> None:
         """Release without waiting; grpc runs the call on its own."""
         with contextlib.suppress(grpc.RpcError):
-            req = pb.ReleaseLeaseRequest(lease_id=lease_id)
+            req = _release_request(lease_id, keep_first)
             call = self._stub.ReleaseLease if self._aio else self._stub.ReleaseLease.future
             future = call(req, timeout=timeout, metadata=self._md)
             self._releasing.add(future)
@@ -372,10 +379,10 @@ class FastControl:
         """Whether the reply has begun to arrive (`answer` then waits little if at all)."""
         return bool(self.channel.ready(asked))
 
-    def release(self, lease_id: int, timeout: float) -> None:
+    def release(self, lease_id: int, timeout: float, keep_first: int = 0) -> None:
         """A one-way frame: sent now, never answered (a lost one expires by its TTL). An
         asyncio channel not connected yet sends a whole call, as a task of its own."""
-        req = pb.ReleaseLeaseRequest(lease_id=lease_id)
+        req = _release_request(lease_id, keep_first)
         if self.channel.send_oneway("ReleaseLease", req, timeout) or not self._aio:
             return
         task = asyncio.ensure_future(self._called("ReleaseLease", req, timeout))
@@ -384,6 +391,13 @@ class FastControl:
 
     def close(self) -> Any:
         return self.channel.close()
+
+
+def _release_request(lease_id: int, keep_first: int) -> pb.ReleaseLeaseRequest:
+    req = pb.ReleaseLeaseRequest(lease_id=lease_id)
+    if keep_first:  # set at all, even 0, it would trim rather than release
+        req.keep_first_n = keep_first
+    return req
 
 
 def _quietly(held: set[Any]) -> Any:

@@ -30,6 +30,7 @@ from kvstore_client import early
 from kvstore_client.buffers import Dest, checked_keys
 from kvstore_client.datapath import Plan, Target, Ticket, Xfer
 from kvstore_client.placements import Seen
+from kvstore_client.staging import Staging
 from kvstore_client.state import ClientState, Lease
 from kvstore_client.steps import Finish, Flow, Move, Release, Start
 
@@ -37,27 +38,30 @@ from kvstore_client.steps import Finish, Flow, Move, Release, Start
 _Sent = tuple[int, Target, Xfer]
 
 
-def get_many(st: ClientState, keys: Sequence[bytes]) -> Flow[list[bytes | KVStoreError]]:
+def get_many(st: ClientState, keys: Sequence[bytes],
+             staging: Staging | None = None) -> Flow[list[bytes | KVStoreError]]:
     """Per key: the bytes or the error (NotFound for a miss). One retry for keys whose
-    read failed in a way a second look may fix (lease lapsed, replica unreachable)."""
+    read failed in a way a second look may fix (lease lapsed, replica unreachable).
+    Through `staging` (default: the client's staging buffer)."""
     checked = checked_keys(keys)
+    stg = st.staging if staging is None else staging
     out: list[bytes | KVStoreError] = [NotFound("not in the store")] * len(checked)
     pending = list(range(len(checked)))
     for _attempt in range(2):
         if not pending:
             break
-        pending = yield from _get_once(st, checked, pending, out)
+        pending = yield from _get_once(st, stg, checked, pending, out)
     return out
 
 
-def _get_once(st: ClientState, keys: list[bytes], todo: list[int],
+def _get_once(st: ClientState, stg: Staging, keys: list[bytes], todo: list[int],
               out: list[bytes | KVStoreError]) -> Flow[list[int]]:
     """One attempt at keys[i] for i in todo, into the staging buffer; the i to try again."""
     sent = st.now()
     asked = [keys[i] for i in todo]
     request = pb.GetReplicasRequest(keys=asked, holder=st.writer_id, columns=True)
     seen = st.placements.recall(asked)
-    read_early, early_dests = _early_staging(st, seen)
+    read_early, early_dests = _early_staging(st, stg, seen)
     reply, got_early = yield from early.ask(st, request, read_early, early_dests)
     deadline = sent + reply.ttl_remaining
     items = yield from early.answered(st, asked, reply, deadline, seen)
@@ -81,7 +85,7 @@ def _get_once(st: ClientState, keys: list[bytes], todo: list[int],
     if got_early is not None:
         got_early.count(st, kept)
     try:
-        yield from _read_staged(st, keys, found, deadline, out, retry)
+        yield from _read_staged(st, stg, keys, found, deadline, out, retry)
     except KVStoreError:
         if reply.lease_id:
             yield Release(reply.lease_id)
@@ -92,16 +96,17 @@ def _get_once(st: ClientState, keys: list[bytes], todo: list[int],
     return retry
 
 
-def _early_staging(st: ClientState, seen: list[Seen] | None) -> tuple[list[Seen] | None, list[Dest]]:
+def _early_staging(st: ClientState, stg: Staging,
+                   seen: list[Seen] | None) -> tuple[list[Seen] | None, list[Dest]]:
     """What an attempt of get_many reads early, and into where: all of `seen` when its
     nodes answered lately and it fits in the staging buffer at once; else nothing."""
     if seen is None or not early.reachable(st, seen):
         return None, []
     sizes = [s.size for s in seen]
-    if len(list(st.staging.slices(sizes))) != 1:  # (may grow the buffer)
+    if len(list(stg.slices(sizes))) != 1:  # (may grow the buffer)
         return None, []
-    return seen, [Dest(st.staging.addr + off, st.staging.view[off:off + n])
-                  for off, n in zip(st.staging.layout(sizes), sizes, strict=True)]
+    return seen, [Dest(stg.addr + off, stg.view[off:off + n])
+                  for off, n in zip(stg.layout(sizes), sizes, strict=True)]
 
 
 def _kept_early(st: ClientState, key: bytes, got_early: early.Early, p: int, epoch: int,
@@ -125,16 +130,17 @@ def _kept_early(st: ClientState, key: bytes, got_early: early.Early, p: int, epo
     return bytes(x.view)
 
 
-def _read_staged(st: ClientState, keys: list[bytes], found: list[tuple[int, pb.ReadItem]],
+def _read_staged(st: ClientState, stg: Staging, keys: list[bytes],
+                 found: list[tuple[int, pb.ReadItem]],
                  deadline: float, out: list[bytes | KVStoreError],
                  retry: list[int]) -> Flow[None]:
     """Read the found objects through the staging buffer, as many at a time as it holds.
     Per object, its bytes or its error in out[i]; added to `retry`, each i worth another
     attempt (a read failed other than by a checksum mismatch, or the lease lapsed)."""
-    for lo, hi in st.staging.slices([item.size for _, item in found]):
+    for lo, hi in stg.slices([item.size for _, item in found]):
         part = found[lo:hi]
-        offsets = st.staging.layout([item.size for _, item in part])
-        dests = [Dest(st.staging.addr + off, st.staging.view[off:off + item.size])
+        offsets = stg.layout([item.size for _, item in part])
+        dests = [Dest(stg.addr + off, stg.view[off:off + item.size])
                  for off, (_, item) in zip(offsets, part, strict=True)]
         errs = yield from _read_into(st, keys, part, dests)
         if st.now() > deadline:
@@ -158,10 +164,22 @@ def get_into(st: ClientState, keys: Sequence[bytes], buffers: Sequence[Any],
     GetReplicas runs while the groups before it move. When every object's placement is
     known, they are read while GetReplicas is asked (see early.py); a buffer whose key
     then fails may have been written."""
+    checked, dests = checked_dests(st, keys, buffers)
+    return (yield from read_into(st, checked, dests, lease))
+
+
+def checked_dests(st: ClientState, keys: Sequence[bytes],
+                  buffers: Sequence[Any]) -> tuple[list[bytes], list[Dest]]:
+    """get_into's keys and buffers, checked (each buffer registered memory)."""
     checked = checked_keys(keys)
     if len(checked) != len(buffers):
         raise InvalidArgument(f"get_into got {len(checked)} keys but {len(buffers)} buffers")
-    dests = [st.dest(b) for b in buffers]
+    return checked, [st.dest(b) for b in buffers]
+
+
+def read_into(st: ClientState, checked: list[bytes], dests: list[Dest],
+              lease: Lease | None) -> Flow[list[KVStoreError | None]]:
+    """get_into of keys and buffers already checked (`checked_dests`)."""
     out: list[KVStoreError | None] = [None] * len(checked)
     leases: list[int] = []  # the short leases taken here, released at the end
     inflight: list[_Moving] = []

@@ -4,7 +4,7 @@ The shared layer yields these (and a flow's transfer steps, Start, Finish and Mo
 as they are); a driver runs each and sends back its value, or throws in its error:
 client.py with blocking calls, aio.py as coroutines (transfers in a worker thread).
 
-- `Find`: the leader's record (Session.find_leader).
+- `Find`: the leader's record of one shard (Session.find_leader).
 - `Call`, `Answer`: a control call on `control` (Control.call), or the reply to what
   Control.ask sent (Control.answer); Retry or a typed KVStoreError when they fail.
 - `Close`: close a control channel the client no longer uses.
@@ -25,7 +25,7 @@ from kvstore_client.datapath import Ticket
 
 @dataclass(slots=True)
 class Find:
-    pass
+    shard: int = 0
 
 
 @dataclass(slots=True)
@@ -65,3 +65,4 @@ class Quick:
     control: Control[Any]
     key: bytes
     dest: Dest | None
+    shard: int = 0

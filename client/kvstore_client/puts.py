@@ -28,6 +28,7 @@ from kvstore_client.buffers import Dest, byte_view, checked_keys
 from kvstore_client.control import backoff
 from kvstore_client.datapath import Plan, Target, Ticket, Xfer
 from kvstore_client.reservations import Reservations, Reserved
+from kvstore_client.staging import Staging
 from kvstore_client.state import ClientState
 from kvstore_client.steps import Finish, Flow, Later, Rpc, Settle, Start, Wait
 
@@ -45,9 +46,9 @@ SUM_FIRST_BELOW = 256 << 10
 RECORDS_UP_TO = 4
 
 
-def put_many(st: ClientState, keys: Sequence[bytes],
-             values: Sequence[Any]) -> Flow[list[KVStoreError | None]]:
-    """Per key: None once stored (or already stored: same key, same bytes), else the error."""
+def checked_values(keys: Sequence[bytes],
+                   values: Sequence[Any]) -> tuple[list[bytes], list[memoryview]]:
+    """put_many's keys and values, checked: InvalidArgument for the first bad one."""
     checked = checked_keys(keys)
     if len(checked) != len(values):
         raise InvalidArgument(f"put_many got {len(checked)} keys but {len(values)} values")
@@ -55,6 +56,15 @@ def put_many(st: ClientState, keys: Sequence[bytes],
     for key, view in zip(checked, views, strict=True):
         if view.nbytes == 0:
             raise InvalidArgument("empty value: store at least one byte", key=key)
+    return checked, views
+
+
+def put_many(st: ClientState, keys: Sequence[bytes], values: Sequence[Any],
+             staging: Staging | None = None) -> Flow[list[KVStoreError | None]]:
+    """Per key: None once stored (or already stored: same key, same bytes), else the
+    error. Through `staging` (default: the client's staging buffer)."""
+    checked, views = checked_values(keys, values)
+    stg = st.staging if staging is None else staging
     results: list[KVStoreError | None] = [None] * len(checked)
     # A put small enough to carry put records leaves room for each after its value in
     # the staging buffer: the record then moves with the value, as one transfer.
@@ -63,10 +73,10 @@ def put_many(st: ClientState, keys: Sequence[bytes],
              else [0] * len(checked))
     # Batches larger than the staging buffer go in slices that fit; each group's values
     # are copied in just before its PutStart (while the group before it moves).
-    for lo, hi in st.staging.slices([v.nbytes + t for v, t in zip(views, tails, strict=True)]):
-        offsets = st.staging.layout([v.nbytes + t for v, t in zip(views[lo:hi], tails[lo:hi],
+    for lo, hi in stg.slices([v.nbytes + t for v, t in zip(views, tails, strict=True)]):
+        offsets = stg.layout([v.nbytes + t for v, t in zip(views[lo:hi], tails[lo:hi],
                                                                   strict=True)])
-        srcs = [Dest(st.staging.addr + off, st.staging.view[off:off + view.nbytes], tail)
+        srcs = [Dest(stg.addr + off, stg.view[off:off + view.nbytes], tail)
                 for off, view, tail in zip(offsets, views[lo:hi], tails[lo:hi], strict=True)]
 
         def fill(a: int, b: int, srcs: list[Dest] = srcs, base: int = lo) -> None:
@@ -80,11 +90,23 @@ def put_many(st: ClientState, keys: Sequence[bytes],
 
 def put_from(st: ClientState, keys: Sequence[bytes],
              buffers: Sequence[Any]) -> Flow[list[KVStoreError | None]]:
+    checked, srcs = checked_sources(st, keys, buffers)
+    return (yield from _put(st, checked, srcs))
+
+
+def checked_sources(st: ClientState, keys: Sequence[bytes],
+                    buffers: Sequence[Any]) -> tuple[list[bytes], list[Dest]]:
+    """put_from's keys and buffers, checked (each buffer registered memory)."""
     checked = checked_keys(keys)
     if len(checked) != len(buffers):
         raise InvalidArgument(f"put_from got {len(checked)} keys but {len(buffers)} buffers")
-    srcs = [st.dest(b) for b in buffers]
-    return (yield from _put(st, checked, srcs))
+    return checked, [st.dest(b) for b in buffers]
+
+
+def put_sources(st: ClientState, keys: list[bytes],
+                srcs: list[Dest]) -> Flow[list[KVStoreError | None]]:
+    """put_from of keys and sources already checked (`checked_sources`)."""
+    return (yield from _put(st, keys, srcs))
 
 
 def _put(st: ClientState, keys: list[bytes], srcs: list[Dest],

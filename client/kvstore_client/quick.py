@@ -76,12 +76,13 @@ SPIN_AFTER: Final = 0.0005
 
 
 def read_one(st: ClientState, control: Any, key: bytes, dest: Dest | None,
-             timeout: float) -> memoryview | Slow | None:
+             timeout: float, shard: int = 0) -> memoryview | Slow | None:
     """Read `key` early into `dest` (the staging buffer when None): the view holding the
     verified object, None for a miss, or SLOW (nothing decided; see the module doc).
     Raises only what the full flow would raise first (an invalid key). The blocking
-    driver of `_read`: the reply is awaited spinning (`_await`)."""
-    read = _read(st, control, key, dest, timeout)
+    driver of `_read`: the reply is awaited spinning (`_await`). `control` is the
+    channel to the leader of the key's shard, `shard`."""
+    read = _read(st, control, key, dest, timeout, shard)
     try:
         wait = next(read)
         landed = wait.landed if wait.tid == 0 else _await(st, control, wait.asked, wait.tid,
@@ -97,11 +98,11 @@ def read_one(st: ClientState, control: Any, key: bytes, dest: Dest | None,
 
 
 async def read_one_async(st: ClientState, control: Any, key: bytes, dest: Dest | None,
-                         timeout: float) -> memoryview | Slow | None:
+                         timeout: float, shard: int = 0) -> memoryview | Slow | None:
     """`read_one` for an asyncio control channel: the reply is awaited on the loop, then
     the transfer (started before the ask, so usually landed by then) is looked at, and
     waited for in a worker thread if it still moves."""
-    read = _read(st, control, key, dest, timeout)
+    read = _read(st, control, key, dest, timeout, shard)
     try:
         wait = next(read)
         try:
@@ -133,7 +134,8 @@ class _Wait:
 
 
 def _read(st: ClientState, control: Any, key: bytes, dest: Dest | None,  # noqa: C901 (hand-inlined on purpose: see the module doc)
-          timeout: float) -> Generator[_Wait, tuple[Any, bool | None], memoryview | Slow | None]:
+          timeout: float, shard: int = 0,
+          ) -> Generator[_Wait, tuple[Any, bool | None], memoryview | Slow | None]:
     """`read_one` without its one wait, which it yields: it is sent the reply (None if
     the call failed) and whether the transfer landed (None: still moving)."""
     if type(key) is not bytes:
@@ -190,7 +192,7 @@ def _read(st: ClientState, control: Any, key: bytes, dest: Dest | None,  # noqa:
         # transfer (and its copy never ran): there is no id to poll, and the engine
         # takes any id it is given for the address of a batch (see Transfer.status).
         landed = _landed(st, tid, target, size)
-    if reply is None or reply.error.code or not st.current(reply):
+    if reply is None or reply.error.code or not st.current(reply, shard):
         return SLOW
     lease_id = reply.lease_id  # 0 but from a master that does not know `unpinned`
     try:

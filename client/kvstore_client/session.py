@@ -11,6 +11,11 @@ Close one, Sleep, the transfers (Start, Finish, Move, Drain) and Quick. `KVStore
 (client.py) runs each op with a blocking call, `AsyncKVStoreClient` (aio.py) as a
 coroutine; so both have the same features and the same behaviour by construction.
 
+In a cluster of several master shards (docs/scaling.md) it holds one control channel
+per shard, each following its own shard's leader (and epoch) across that shard's
+failovers, and runs a batch's flow per shard side by side (sharded.py); with one shard,
+the default, every call runs exactly as it did before shards.
+
 `Io[T]` is such a generator: a driver's `_drive(io)` runs it and returns its T.
 """
 
@@ -23,8 +28,9 @@ from typing import Any, ClassVar, TypeVar
 
 from kvstore.coord.layout import Layout, MasterRecord
 from kvstore.errors import Code, KVStoreError, LeaseExpired, NotFound
+from kvstore.shards import shard_of
 from kvstore.v1 import master_pb2 as pb
-from kvstore_client import flows, quick, steps
+from kvstore_client import flows, quick, sharded, steps
 from kvstore_client.buffers import Dest
 from kvstore_client.control import (
     Control,
@@ -32,6 +38,7 @@ from kvstore_client.control import (
     backoff,
     check_reply,
     discover_record,
+    discover_shards,
     target,
     timed_out,
     unreachable_fast,
@@ -54,6 +61,7 @@ class _Asked:
     request: Any
     control: Any
     handle: Any = None
+    shard: int = 0
 
 
 class Session:
@@ -70,6 +78,13 @@ class Session:
     _control: Control[Any] | None = None
     _later: tuple[_Asked, Any] | None = None  # a Later step's call, its reply not read yet
     _state: ClientState
+    # The cluster's master shards (learned at the first connect); `_control` is shard
+    # 0's channel, `_others` the other shards' (made at each one's first call), and
+    # `_given_up` their fast addresses given up (shard 0's: `_fast_given_up`).
+    _shards = 1
+    _counted = False
+    _others: dict[int, Control[Any]] | None = None
+    _given_up: dict[int, str] | None = None
 
     def __init__(self, etcd: str | None, options: ClientOptions | None,
                  settings: dict[str, Any]) -> None:
@@ -106,20 +121,40 @@ class Session:
             raise ClientClosed(f"this client is closed; make a new {type(self).__name__} "
                                "to go on using the store")
 
-    def _open(self, record: MasterRecord) -> Control[Any]:
+    def _open(self, record: MasterRecord, given_up: str = "") -> Control[Any]:
+        """A control channel to `record`'s master (`given_up`: its fast address, if it
+        would not take connections: see control.unreachable_fast)."""
         raise NotImplementedError  # the driver's kind of control channel
 
     # -- the leader ----------------------------------------------------------------------
 
-    def find_leader(self) -> MasterRecord:
-        """The leader's record (blocking; the asyncio driver runs it in a worker thread).
-        The one place the client learns where the master is (kvstore_client.discovery:
-        etcd, or the masters given as `master=`, asked who leads)."""
-        return discover_record(self.etcd, self._layout, self._fixed_master, self.timeout,
-                               self._creds)
+    def find_leader(self, shard: int = 0) -> MasterRecord:
+        """The record of shard `shard`'s leader (blocking; the asyncio driver runs it in
+        a worker thread). The one place the client learns where the masters are
+        (kvstore_client.discovery: etcd, or the masters given as `master=`, asked who
+        leads), and, the first time, how many shards the cluster has."""
+        if not self._counted:
+            self._shards = discover_shards(self.etcd, self._layout, self._fixed_master,
+                                           self.timeout, self._creds)
+            self._counted = True
+        layout = self._layout if self._shards <= 1 else \
+            self._layout.for_shard(shard, self._shards)
+        return discover_record(self.etcd, layout, self._fixed_master, self.timeout,
+                               self._creds, shard)
 
-    def _connect(self) -> Io[None]:
-        record = yield Find()
+    def _channel(self, shard: int) -> Control[Any] | None:
+        """Shard `shard`'s control channel (None: not connected)."""
+        if not shard:
+            return self._control
+        return self._others.get(shard) if self._others else None
+
+    def _connect(self, shard: int = 0) -> Io[None]:
+        record = yield Find(shard)
+        if self._shards > 1:
+            self._fit_state()
+        if shard:
+            yield from self._connect_other(shard, record)
+            return
         control = self._control
         self._fast_given_up = unreachable_fast(control, self._fast_given_up)
         want = target(record, self.transport, self._fast_given_up)
@@ -127,51 +162,75 @@ class Session:
             self._control = None
             if control is not None:
                 yield Close(control)
-            self._control = self._open(record)
+            self._control = self._open(record, self._fast_given_up)
             self.master_address = self._control.address
 
-    def _reconnect_quietly(self) -> Io[None]:
-        with contextlib.suppress(KVStoreError):  # the next attempt reports the failure
-            yield from self._connect()
+    def _connect_other(self, shard: int, record: MasterRecord) -> Io[None]:
+        """`_connect` for a shard other than 0: its own channel and fast address given up."""
+        others = self._others if self._others is not None else {}
+        given = self._given_up if self._given_up is not None else {}
+        self._others, self._given_up = others, given
+        control = others.get(shard)
+        given[shard] = unreachable_fast(control, given.get(shard, ""))
+        want = target(record, self.transport, given[shard])
+        if control is None or (control.transport, control.address) != want:
+            others.pop(shard, None)
+            if control is not None:
+                yield Close(control)
+            others[shard] = self._open(record, given[shard])
 
-    def _rpc(self, method: str, request: Any, spin: bool = True) -> Io[Any]:
-        """One control round trip. Follows the leader across a failover, retrying with
-        bounded backoff, and fails with Unavailable once `timeout` has passed. `spin`
-        False: engine transfers of this call are moving, so the reply is waited for
-        asleep rather than polled for."""
+    def _fit_state(self) -> None:
+        """What a client of several shards does not do (yet): start space ahead for puts
+        (a placeholder and the key it becomes must be one shard's; see sharded.py)."""
+        state = getattr(self, "_state", None)
+        if state is not None and self._shards > 1:
+            state.reservations = None
+
+    def _reconnect_quietly(self, shard: int = 0) -> Io[None]:
+        with contextlib.suppress(KVStoreError):  # the next attempt reports the failure
+            yield from self._connect(shard)
+
+    def _rpc(self, method: str, request: Any, spin: bool = True, shard: int = 0) -> Io[Any]:
+        """One control round trip (to shard `shard`'s leader). Follows the leader across
+        a failover, retrying with bounded backoff, and fails with Unavailable once
+        `timeout` has passed. `spin` False: engine transfers of this call are moving, so
+        the reply is waited for asleep rather than polled for."""
         if self._later is not None:
             # Sent before the Later call's reply is read (a connection answers in order):
             # the master works on this one while the client takes in that one.
-            return (yield from self._answer((yield from self._ask(method, request)), spin))
+            asked = yield from (self._ask(method, request, shard) if shard else
+                                self._ask(method, request))
+            return (yield from self._answer(asked, spin))
         st = self._state
         deadline = st.now() + self.timeout
-        if self._control is None:
-            yield from self._connect()  # no master registered: said at once
+        if (self._control if not shard else self._channel(shard)) is None:
+            yield from self._connect(shard)  # no master registered: said at once
         last = "no attempt"
         for attempt in range(1 << 30):
             remaining = deadline - st.now()
             if remaining <= 0:
                 break
-            control = self._control
+            control = self._control if not shard else self._channel(shard)
             if control is not None:
                 try:
                     reply = yield Call(control, method, request, remaining, spin)
                 except Retry as exc:
                     last = str(exc)
                 else:
-                    if st.current(reply):
+                    if st.current(reply, shard):
                         return check_reply(reply)
-                    last = f"{self.master_address} is not the leader"
+                    last = f"{control.address} is not the leader"
                     st.stats.failovers += 1
             yield Sleep(backoff(attempt, deadline - st.now()))
-            yield from self._reconnect_quietly()
+            yield from self._reconnect_quietly(shard)
         raise timed_out(method, self.timeout, last)
 
-    def _ask(self, method: str, request: Any) -> Io[_Asked]:
+    def _ask(self, method: str, request: Any, shard: int = 0) -> Io[_Asked]:
         """Send a control request without waiting (see `_answer`). A failure to send is
         not reported here: `_answer` then makes the whole call, retries included. A Later
         call's reply still unread is read after sending (replies come in order)."""
-        asked = _Asked(method, request, self._control)
+        asked = _Asked(method, request, self._control if not shard else self._channel(shard),
+                       shard=shard)
         if asked.control is not None:
             with contextlib.suppress(Retry):
                 asked.handle = asked.control.ask(method, request, self.timeout)
@@ -182,22 +241,26 @@ class Session:
     def _answer(self, asked: _Asked, spin: bool = True) -> Io[Any]:
         """The reply to an `_ask`; when that attempt failed (or came from a stale
         leader), the call is made again the usual way (`_rpc`)."""
-        control = self._control
+        shard = asked.shard
+        control = self._control if not shard else self._channel(shard)
         if asked.handle is not None and control is asked.control and control is not None:
             try:
                 reply = yield Answer(control, asked.handle, asked.method, spin)
             except Retry:
                 pass
             else:
-                if self._state.current(reply):
+                if self._state.current(reply, shard):
                     return check_reply(reply)
                 self.stats.failovers += 1
-                yield from self._reconnect_quietly()
+                yield from self._reconnect_quietly(shard)
+        if shard:
+            return (yield from self._rpc(asked.method, asked.request, spin, shard))
         return (yield from self._rpc(asked.method, asked.request, spin))
 
-    def _send_later(self, method: str, request: Any, then: Any) -> Io[None]:
+    def _send_later(self, method: str, request: Any, then: Any, shard: int = 0) -> Io[None]:
         """A Later step: sent now; its reply is read before the next control call's."""
-        asked = yield from self._ask(method, request)
+        asked = yield from (self._ask(method, request, shard) if shard else
+                            self._ask(method, request))
         if asked.handle is None:
             then(None)
         else:
@@ -210,21 +273,26 @@ class Session:
         asked, then = self._later
         self._later = None
         reply = None
-        control = self._control
+        control = self._channel(asked.shard)
         if control is not None and control is asked.control:
             try:
                 got = yield Answer(control, asked.handle, asked.method, True)
             except (Retry, KVStoreError):
                 pass
             else:
-                if not got.error.code and self._state.current(got):
+                if not got.error.code and self._state.current(got, asked.shard):
                     reply = got
         then(reply)
 
-    def _release(self, lease_id: int) -> Io[None]:
-        """Release without waiting: the lease expires on its own if this is lost."""
-        if self._control is not None:
-            self._control.release(lease_id, self.timeout)
+    def _release(self, lease_id: int, shard: int = 0, keep_first: int = 0) -> Io[None]:
+        """Release without waiting: the lease expires on its own if this is lost. With
+        `keep_first`, only what it pins beyond its first `keep_first` keys."""
+        control = self._control if not shard else self._channel(shard)
+        if control is not None:
+            if keep_first:
+                control.release(lease_id, self.timeout, keep_first)
+            else:
+                control.release(lease_id, self.timeout)
         return
         yield  # a generator, like every step's handler
 
@@ -243,6 +311,9 @@ class Session:
         self._control = None
         if control is not None:
             yield Close(control)
+        others, self._others = self._others, None
+        for other in (others or {}).values():
+            yield Close(other)
         if state is not None:
             state.close()
         self._closed = True
@@ -274,6 +345,9 @@ class Session:
     def _step(self, step: steps.Step, started: list[Ticket]) -> Io[Any]:
         """One step of a flow (steps.py says what each means)."""
         if isinstance(step, steps.Rpc):
+            if step.shard:
+                return (yield from self._rpc(step.method, step.request, not _moving(started),
+                                             step.shard))
             return (yield from self._rpc(step.method, step.request, not _moving(started)))
         if isinstance(step, steps.Start):
             ticket = yield step
@@ -282,16 +356,21 @@ class Session:
         if isinstance(step, steps.Finish | steps.Move):
             return (yield step)
         if isinstance(step, steps.Ask):
+            if step.shard:
+                return (yield from self._ask(step.method, step.request, step.shard))
             return (yield from self._ask(step.method, step.request))
         if isinstance(step, steps.Answer):
             return (yield from self._answer(step.asked, not _moving(started)))
         if isinstance(step, steps.Later):
-            return (yield from self._send_later(step.method, step.request, step.then))
+            return (yield from self._send_later(step.method, step.request, step.then,
+                                                step.shard))
         if isinstance(step, steps.Settle):
             if self._later is not None:
                 yield from self._settle_later()
             return None
         if isinstance(step, steps.Release):
+            if step.shard or step.keep_first:
+                return (yield from self._release(step.lease_id, step.shard, step.keep_first))
             return (yield from self._release(step.lease_id))
         if isinstance(step, steps.Wait):
             return (yield Sleep(step.seconds))
@@ -300,26 +379,39 @@ class Session:
     def _read_quick(self, key: bytes, dest: Dest | None) -> Io[memoryview | quick.Slow | None]:
         """A single get in straight-line code (quick.py), or quick.SLOW for the flow; never
         while a Later call's reply is unread (the flow's next call reads it first)."""
-        if self._later is not None or self._control is None:
+        if self._later is not None:
+            return quick.SLOW
+        control, shard = self._control, 0
+        if self._shards > 1:
+            if type(key) is not bytes:
+                return quick.SLOW  # the flow converts bytearray and memoryview keys
+            shard = shard_of(key, self._shards)
+            control = self._channel(shard)
+        if control is None:
             return quick.SLOW
         timer = self.phase_timer
         if timer is None:
-            return (yield Quick(self._control, key, dest))
+            return (yield Quick(control, key, dest, shard))
         timer("quick get")
         try:
-            return (yield Quick(self._control, key, dest))
+            return (yield Quick(control, key, dest, shard))
         finally:
             timer(None)
 
     # -- the API, once (the drivers' methods say what each does) -------------------------
 
     def _exists(self, keys: Sequence[bytes]) -> Io[list[bool]]:
+        if self._shards > 1:
+            return (yield from self._run(sharded.exists(keys, self._shards)))
         return (yield from self._run(flows.exists(keys)))
 
     def _remove(self, key: bytes) -> Io[bool]:
         return (yield from self._remove_many([key], False))[0] == Code.OK
 
     def _remove_many(self, keys: Sequence[bytes], force: bool) -> Io[list[Code]]:
+        if self._shards > 1:
+            return (yield from self._run(sharded.remove_many(self._state, keys, force,
+                                                             self._shards)))
         return (yield from self._run(flows.remove_many(self._state, keys, force)))
 
     def _put(self, key: bytes, value: Any) -> Io[None]:
@@ -329,6 +421,9 @@ class Session:
 
     def _put_many(self, keys: Sequence[bytes],
                   values: Sequence[Any]) -> Io[list[KVStoreError | None]]:
+        if self._shards > 1:
+            return (yield from self._run(sharded.put_many(self._state, keys, values,
+                                                          self._shards)))
         return (yield from self._run(flows.put_many(self._state, keys, values)))
 
     def _get(self, key: bytes) -> Io[bytes | None]:
@@ -337,30 +432,47 @@ class Session:
             return bytes(got)
         if got is None:
             return None
-        out = (yield from self._run(flows.get_many(self._state, [key])))[0]
+        out = (yield from self._run(self._get_flow([key])))[0]
         if isinstance(out, NotFound):
             return None
         if isinstance(out, KVStoreError):
             raise out
         return out
 
+    def _get_flow(self, keys: Sequence[bytes]) -> steps.Flow[list[bytes | KVStoreError]]:
+        if self._shards > 1:
+            return sharded.get_many(self._state, keys, self._shards)
+        return flows.get_many(self._state, keys)
+
     def _get_many(self, keys: Sequence[bytes]) -> Io[list[bytes | None]]:
-        out = yield from self._run(flows.get_many(self._state, keys))
+        out = yield from self._run(self._get_flow(keys))
         return [None if isinstance(o, KVStoreError) else o for o in out]
 
     def _lookup(self, keys: Sequence[bytes], ttl: float | None) -> Io[Lease]:
-        lease = yield from self._run(flows.lookup(self._state, keys, ttl))
+        if self._shards > 1:
+            lease = yield from self._run(sharded.lookup(self._state, keys, ttl, self._shards))
+        else:
+            lease = yield from self._run(flows.lookup(self._state, keys, ttl))
         lease._client = self
         return lease
 
     def _renew(self, lease: Lease, ttl: float | None) -> Io[None]:
+        if lease.parts is not None:
+            yield from self._run(sharded.renew(self._state, lease, ttl))
+            return
         yield from self._run(flows.renew(self._state, lease, ttl))
 
     def _release_lease(self, lease: Lease, keep_first: int | None) -> Io[None]:
+        if lease.parts is not None:
+            yield from self._run(sharded.release(lease, keep_first, self._shards))
+            return
         yield from self._run(flows.release(lease, keep_first))
 
     def _put_from(self, keys: Sequence[bytes],
                   buffers: Sequence[Any]) -> Io[list[KVStoreError | None]]:
+        if self._shards > 1:
+            return (yield from self._run(sharded.put_from(self._state, keys, buffers,
+                                                          self._shards)))
         return (yield from self._run(flows.put_from(self._state, keys, buffers)))
 
     def _get_into(self, keys: Sequence[bytes], buffers: Sequence[Any],
@@ -376,6 +488,9 @@ class Session:
                 return [NotFound("not in the store", key=keys[0])]
             if isinstance(got, memoryview):
                 return [None]
+        if self._shards > 1:
+            return (yield from self._run(sharded.get_into(self._state, keys, buffers, lease,
+                                                          self._shards)))
         return (yield from self._run(flows.get_into(self._state, keys, buffers, lease)))
 
 

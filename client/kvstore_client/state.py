@@ -34,19 +34,34 @@ DEFAULT_RESERVE = DEFAULT_BUDGET  # bytes of space a client starts ahead for its
 DEFAULT_TIMEOUT = 10.0  # seconds: ClientOptions.timeout's default
 
 
+@dataclass(frozen=True, slots=True)
+class LeasePart:
+    """One master shard's lease within a Lease over several shards."""
+
+    id: int
+    epoch: int  # of the shard's leader that granted it
+    expires_at: float
+
+
 @dataclass
 class Lease:
     """Pins on the first `count` keys of a lookup. Release it (or leave the `with`: a
     plain `with` for a KVStoreClient's lease, `async with` for an AsyncKVStoreClient's)
     once loaded; it expires by itself at `expires_at` (on the client's clock: this host's
     time.monotonic()). After a release `keys` still says what it pinned (`id` is 0);
-    after `release(keep_first=n)`, the n keys still pinned."""
+    after `release(keep_first=n)`, the n keys still pinned.
+
+    In a cluster of several master shards the keys' pins are held by each of their
+    shards: `parts` maps a shard to its own lease there (docs/scaling.md, "One Lease over
+    several shards"), `expires_at` is the earliest of theirs and `id` one of their ids
+    while any is held (0 once released)."""
 
     id: int
     keys: list[bytes]
     expires_at: float
     _client: Any = field(default=None, repr=False)
     _clock: Clock = field(default=MONOTONIC, repr=False, compare=False)
+    parts: dict[int, LeasePart] | None = field(default=None, repr=False)
 
     @property
     def count(self) -> int:
@@ -103,21 +118,43 @@ class ClientState(DataPath):
         self.reservations = (Reservations(writer_id, reserve_bytes, clock=clock)
                              if reserve_bytes else None)
         # The newest leader epoch the driver has seen: replies of older ones are refused,
-        # and space started ahead under an older leader is never written.
+        # and space started ahead under an older leader is never written. Of shard 0;
+        # each other master shard has its own, in `epochs` (one says nothing of another).
         self.epoch = 0
+        self.epochs: dict[int, int] = {}
+        # The staging buffers of the other shards' parts of a put_many or get_many over
+        # several shards (their flows run side by side; see sharded.py).
+        self.stagings: dict[int, Staging] = {}
         self.staging = staging
         self.records = RecordArea(transfer)
         self.writer_id = writer_id
         self.replicas = replicas
         self.regions = Regions()
 
-    def current(self, reply: Any) -> bool:
+    def current(self, reply: Any, shard: int = 0) -> bool:
         """Whether a reply comes from the newest leader seen (not a standby's, not a
-        deposed leader's); if so, its epoch becomes the newest seen."""
+        deposed leader's) of its shard; if so, its epoch becomes the newest seen."""
+        if shard:
+            if from_stale_leader(reply, self.epochs.get(shard, 0)):
+                return False
+            self.epochs[shard] = reply.epoch
+            return True
         if from_stale_leader(reply, self.epoch):
             return False
         self.epoch = reply.epoch
         return True
+
+    def staging_of(self, shard: int, shards: int) -> Staging:
+        """The staging buffer for shard `shard`'s part of a batch over several shards:
+        shard 0's is the client's own; the others' are made at first use, a share of its
+        size each (one grows for an object larger than it)."""
+        if not shard:
+            return self.staging
+        staging = self.stagings.get(shard)
+        if staging is None:
+            staging = self.stagings[shard] = Staging(self.transfer,
+                                                     self.staging.size // max(shards, 1))
+        return staging
 
     @classmethod
     def build(cls, etcd: str | None, layout: Layout, buffer_size: int, host: str, protocol: str,
@@ -163,5 +200,7 @@ class ClientState(DataPath):
     def close(self) -> None:
         self.local.close()
         self.staging.close()
+        for staging in self.stagings.values():
+            staging.close()
         self.records.close()
         self.transfer.close()

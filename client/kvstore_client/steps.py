@@ -17,6 +17,10 @@ KVStoreError.
   before the call returns: nothing a call started still moves.
 - `Release`: a lease release nobody waits for (the lease expires on its own if lost).
 - `Wait`: sleep this long (the driver sleeps; a flow never does).
+
+`shard`: which master shard a control step goes to (0, the only one, in a cluster of
+one shard). A flow of one shard's keys never says; the fan-out of a batch over several
+shards (sharded.py) tags each step of a shard's part with its shard.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ T = TypeVar("T")
 class Rpc:
     method: str
     request: Any
+    shard: int = 0
 
 
 @dataclass(slots=True)
@@ -67,6 +72,7 @@ class Ask:
 
     method: str
     request: Any
+    shard: int = 0
 
 
 @dataclass(slots=True)
@@ -84,6 +90,7 @@ class Later:
     method: str
     request: Any
     then: Callable[[Any], None]
+    shard: int = 0
 
 
 @dataclass(slots=True)
@@ -93,7 +100,12 @@ class Settle:
 
 @dataclass(slots=True)
 class Release:
+    """A lease released without waiting; `keep_first` > 0: only what it pinned beyond its
+    first `keep_first` keys (ReleaseLease's keep_first_n)."""
+
     lease_id: int
+    shard: int = 0
+    keep_first: int = 0
 
 
 @dataclass(slots=True)
