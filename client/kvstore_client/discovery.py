@@ -101,13 +101,6 @@ def find_leader(etcd: str, layout: Layout, master: str | None, timeout: float,
                           f"({'; '.join(answers) or 'none given'}); "
                           "is one running, and are these the cluster's master addresses?")
     raw = read_key_sync(etcd, layout.leader, timeout=min(timeout, 3.0))
-    if raw is None and layout.shards <= 1:
-        count = read_key_sync(etcd, layout.shard_count, timeout=min(timeout, 3.0))
-        if count is not None and count.strip() not in (b"", b"1"):
-            raise Unavailable(
-                f"the cluster at {etcd} runs {count.decode(errors='replace')} master shards, "
-                "and this client does not route keys to shards yet (docs/scaling.md); "
-                "run the cluster with one shard (the default) for this client")
     if raw is None:
         start = f" --shard {shard}/{layout.shards}" if layout.shards > 1 else ""
         raise Unavailable(

@@ -3,7 +3,8 @@
 Each shard is its own `kvstore master --shard K/2` with its own leader key and epoch and
 its own part of the node's segment; the node keeps an inventory and an epoch per shard.
 Calls go to each shard's master directly here (as `bench.master_ops --shards` sends
-them); the admin CLI finds every shard's leader and shows the cluster as one."""
+them), to see each shard's part; the admin CLI finds every shard's leader and shows the
+cluster as one. tests/integration/test_client_shards.py drives it through the client."""
 
 from __future__ import annotations
 
@@ -15,9 +16,7 @@ import time
 from collections.abc import Callable
 
 import grpc
-import pytest
 
-from kvstore.errors import Unavailable
 from kvstore.shards import ShardSpec, shard_of
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
@@ -96,10 +95,12 @@ def test_two_shards_split_one_node_and_the_cli_shows_them_as_one(
     assert capacity["tiers"]["dram"]["capacity"] == SEGMENT
     assert capacity["tiers"]["dram"]["used"] >= 70 * 4096
     assert [s["objects"] for s in kvstore_json(c, "status", "--shard", "1")["shards"]] == [40]
-    # today's client does not route to shards: it says so, rather than "no master"
-    with pytest.raises(Unavailable, match="runs 2 master shards"), KVStoreClient(
-            etcd=c.etcd, timeout=2) as client:
-        client.put(mine[0][0], b"x")
+    # the client routes every key to its shard
+    with KVStoreClient(etcd=c.etcd) as client:
+        (fresh,) = keys_of(1, 1, "routed")
+        client.put(fresh, b"routed")
+        assert client.get(fresh) == b"routed"
+        assert client.exists(mine[0] + mine[1]) == [True] * 70
 
 
 def test_a_shards_leader_killed_leaves_the_other_serving_and_its_keys_come_back(
