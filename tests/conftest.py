@@ -214,6 +214,14 @@ def cluster_factory(tmp_path: Path) -> Iterator[Cluster]:
         c.stop()
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A module's `SHARD_COUNTS = [1, 2]` runs each of its tests on `cluster` (anything
+    that uses the `shards` fixture) once per shard count; its other tests run once."""
+    counts = getattr(metafunc.module, "SHARD_COUNTS", None)
+    if counts and "shards" in metafunc.fixturenames:
+        metafunc.parametrize("shards", counts, indirect=True)
+
+
 @pytest.fixture
 def shards(request: pytest.FixtureRequest) -> int:
     """The control plane's shard count for `cluster`: 1 unless a suite parametrizes it,

@@ -12,6 +12,10 @@ import torch
 from kvstore_client import AsyncKVStoreClient, KVStoreClient, NotFound
 from tests.conftest import Cluster
 
+# The tests on the `cluster` fixture run against one master shard and against two (the
+# client routes every key to its shard; tests/conftest.py, pytest_generate_tests).
+SHARD_COUNTS = [1, 2]
+
 
 def test_async_and_sync_give_identical_results(cluster: Cluster) -> None:
     rng = random.Random(5)

@@ -15,6 +15,10 @@ import pytest
 from kvstore_client import AsyncKVStoreClient, KVStoreClient
 from tests.conftest import Cluster
 
+# The tests on the `cluster` fixture run against one master shard and against two (the
+# client routes every key to its shard; tests/conftest.py, pytest_generate_tests).
+SHARD_COUNTS = [1, 2]
+
 SIZE = 200_000
 
 # The reader's data and control paths: over the engine, same-host, engine with gRPC control.

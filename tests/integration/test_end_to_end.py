@@ -12,6 +12,10 @@ from kvstore.transfer import POOL_ENV
 from kvstore_client import InvalidArgument, KVStoreClient, StoreFull, Unavailable
 from tests.conftest import Cluster
 
+# The tests on the `cluster` fixture run against one master shard and against two (the
+# client routes every key to its shard; tests/conftest.py, pytest_generate_tests).
+SHARD_COUNTS = [1, 2]
+
 
 def test_put_get_200_random_objects(cluster: Cluster) -> None:
     rng = random.Random(7)
