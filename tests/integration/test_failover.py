@@ -23,11 +23,15 @@ ETCD_TTL = 2  # seconds: the masters' etcd lease, short so the test is quick
 TAKEOVER = ETCD_TTL + 60  # seconds: a safety net for a takeover, never the assertion
 
 
-def leader(cluster: Cluster) -> tuple[str, int]:
-    """The leader's address, or "" while there is none: between the old leader's lease
-    running out and the standby's election the key is absent (a CI run polled into
-    that gap)."""
-    raw = read_key_sync(cluster.etcd, Layout().leader)
+# The durability tests below (those taking `shards`) run with one master shard and two.
+SHARD_COUNTS = [1, 2]
+
+
+def leader(cluster: Cluster, shard: int = 0) -> tuple[str, int]:
+    """The leader's address (of `shard`), or "" while there is none: between the old
+    leader's lease running out and the standby's election the key is absent (a CI run
+    polled into that gap)."""
+    raw = read_key_sync(cluster.etcd, Layout().for_shard(shard, cluster.shards).leader)
     if raw is None:
         return "", 0
     return MasterRecord.decode(raw).address, 0
@@ -37,9 +41,31 @@ def value(i: int) -> bytes:
     return i.to_bytes(4, "little") * 1024
 
 
-def wait_for_leader(c: Cluster, address: str) -> None:
-    wait_until(lambda: leader(c)[0] == address, timeout=TAKEOVER,
+def wait_for_leader(c: Cluster, address: str, shard: int = 0) -> None:
+    wait_until(lambda: leader(c, shard)[0] == address, timeout=TAKEOVER,
                what=lambda: f"{address} leads; logs:\n{c.logs()}")
+
+
+def masters_per_shard(c: Cluster, shards: int) -> list[tuple[str, str]]:
+    """Per shard a leader and a standby (two_masters for each shard), over two nodes."""
+    c.shards = shards
+    ttl = ("--etcd-lease-ttl", str(ETCD_TTL))
+    first = [c.start_master(*ttl, shard=k if shards > 1 else None) for k in range(shards)]
+    c.start_store("128MiB")
+    c.start_store("128MiB")
+    c.wait_nodes(2)
+    second = [c.start_master(*ttl, shard=k if shards > 1 else None) for k in range(shards)]
+    return list(zip(first, second, strict=True))
+
+
+def kill_every_leader(c: Cluster, pairs: list[tuple[str, str]]) -> None:
+    """kill -9 of each shard's leader at once, then until each standby leads and mounts."""
+    procs = {a: p for p, a in c.masters}
+    for a, _ in pairs:
+        procs[a].kill(signal.SIGKILL)
+    for k, (_, b) in enumerate(pairs):
+        wait_for_leader(c, b, k)
+        c.wait_nodes(2, address=b)
 
 
 def two_masters(c: Cluster) -> tuple[str, str]:
@@ -113,34 +139,33 @@ def test_kill_leader_standby_takes_over_with_the_cache(cluster_factory: Cluster)
         print(f"takeover {took_over:.2f} s, {readable}/1000 readable")
 
 
-def test_leader_killed_right_after_acknowledged_puts_loses_none(cluster_factory: Cluster) -> None:
+def test_leader_killed_right_after_acknowledged_puts_loses_none(
+        cluster_factory: Cluster, shards: int) -> None:
     """The operator's sequence with no pause: every put that returned is on a live node,
-    so the new leader must find every one (the reply waited for the node's record)."""
+    so the new leader must find every one (the reply waited for the node's record). With
+    shards, every shard's leader is killed."""
     c = cluster_factory
-    _, b = two_masters(c)
+    pairs = masters_per_shard(c, shards)
     keys = [f"ack-{i}".encode() for i in range(1000)]
     with KVStoreClient(etcd=c.etcd, timeout=15) as client:
         for i, key in enumerate(keys):
             client.put(key, value(i))
-        c.masters[0][0].kill(signal.SIGKILL)  # at once: no tick, no sleep in between
-        wait_for_leader(c, b)
-        c.wait_nodes(2, address=b)
+        kill_every_leader(c, pairs)  # at once: no tick, no sleep in between
         got = client.get_many(keys)
     lost = [k for i, (k, g) in enumerate(zip(keys, got, strict=True)) if g != value(i)]
     assert not lost, f"{len(lost)}/1000 acknowledged objects lost on failover: {lost[:5]}"
 
 
-def test_removal_right_before_the_leader_dies_stays_removed(cluster_factory: Cluster) -> None:
+def test_removal_right_before_the_leader_dies_stays_removed(
+        cluster_factory: Cluster, shards: int) -> None:
     c = cluster_factory
-    _, b = two_masters(c)
+    pairs = masters_per_shard(c, shards)
     keys = [f"rm-{i}".encode() for i in range(200)]
     with KVStoreClient(etcd=c.etcd, timeout=15) as client:
         assert client.put_many(keys, [value(i) for i in range(200)]) == [None] * 200
         for key in keys[:100]:
             client.remove(key)
-        c.masters[0][0].kill(signal.SIGKILL)
-        wait_for_leader(c, b)
-        c.wait_nodes(2, address=b)
+        kill_every_leader(c, pairs)
         assert client.exists(keys) == [False] * 100 + [True] * 100
 
 
