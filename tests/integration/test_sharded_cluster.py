@@ -4,7 +4,7 @@ Each shard is its own `kvstore master --shard K/2` with its own leader key and e
 its own part of the node's segment; the node keeps an inventory and an epoch per shard.
 Calls go to each shard's master directly here (as `bench.master_ops --shards` sends
 them), to see each shard's part; the admin CLI finds every shard's leader and shows the
-cluster as one. tests/integration/test_client_shards.py drives it through the client."""
+cluster as one. tests/integration/test_sharded_client.py drives it through the client."""
 
 from __future__ import annotations
 
