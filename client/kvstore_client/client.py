@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from kvstore.coord.layout import MasterRecord
 from kvstore.errors import Code, KVStoreError
-from kvstore_client import ops, quick, steps
+from kvstore_client import ops, quick, sharded, steps
 from kvstore_client.control import Control, open_control, reply_spin
 from kvstore_client.options import ClientOptions
 from kvstore_client.session import Io, Session
@@ -63,7 +63,10 @@ class KVStoreClient(Session):
 
     def _call(self, method: str, request: Any, spin: bool = True) -> Any:
         """One control call, retries and leader following included (for tools and
-        adapters that need a method the API does not wrap, e.g. ListKeys)."""
+        adapters that need a method the API does not wrap, e.g. ListKeys, which a
+        cluster of several shards answers from every shard, merged)."""
+        if self._shards > 1 and method == "ListKeys":
+            return self._drive(self._run(sharded.list_keys(request, self._shards)))
         return self._drive(self._rpc(method, request, spin))
 
     def _drive(self, io: Io[T]) -> T:

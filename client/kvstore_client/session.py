@@ -457,14 +457,15 @@ class Session:
         return lease
 
     def _renew(self, lease: Lease, ttl: float | None) -> Io[None]:
-        if lease.parts is not None:
+        if self._shards > 1:
             yield from self._run(sharded.renew(self._state, lease, ttl))
             return
         yield from self._run(flows.renew(self._state, lease, ttl))
 
     def _release_lease(self, lease: Lease, keep_first: int | None) -> Io[None]:
-        if lease.parts is not None:
-            yield from self._run(sharded.release(lease, keep_first, self._shards))
+        if self._shards > 1:
+            yield from self._run(sharded.release(self._state, lease, keep_first,
+                                                 self._shards))
             return
         yield from self._run(flows.release(lease, keep_first))
 

@@ -60,6 +60,8 @@ V = TypeVar("V")
 # The steps a part waits on: `fan_out` runs the others' meanwhile.
 _WAITS = (Answer, Finish, Move, Wait, Settle)
 
+LIST_DEFAULT = 100  # keys a ListKeys lists when its request names no limit (the master's)
+
 Parts = list[tuple[int, list[int]]]  # (shard, the positions of its keys in the batch)
 
 
@@ -214,10 +216,13 @@ def get_into(st: ClientState, keys: Sequence[bytes], buffers: Sequence[Any],
     out: list[KVStoreError | None] = [None] * len(checked)
     parts: Parts = []
     flows_: list[tuple[int, Flow[Any]]] = []
-    held = lease_parts(lease) if lease is not None else {}
+    # A lease this client does not know (made by another process's client, whose id
+    # came here alone) cannot be shown to the shards: each part is read under a short
+    # lease of its own, as without one.
+    held = lease_parts(st, lease) if lease is not None else None
     for k, pos in split(checked, shards):
         part_lease = None
-        if lease is not None:
+        if held is not None:
             part = held.get(k)
             if part is None:
                 for i in pos:
@@ -237,11 +242,12 @@ def get_into(st: ClientState, keys: Sequence[bytes], buffers: Sequence[Any],
     return out
 
 
-def lease_parts(lease: Lease) -> dict[int, LeasePart]:
-    """A lease's parts per shard; a lease made without them is shard 0's."""
+def lease_parts(st: ClientState, lease: Lease) -> dict[int, LeasePart] | None:
+    """A lease's parts per shard: its own, or those this client holds under its id (a
+    Lease rebuilt from the id alone); None if this client does not know it."""
     if lease.parts is not None:
         return lease.parts
-    return {0: LeasePart(lease.id, 0, lease.expires_at)} if lease.id else {}
+    return st.shard_leases.get(lease.id) if lease.id else {}
 
 
 def lookup(st: ClientState, keys: Sequence[bytes], ttl: float | None,
@@ -289,8 +295,7 @@ def lookup(st: ClientState, keys: Sequence[bytes], ttl: float | None,
 
 def _lease(st: ClientState, keys: list[bytes], held: dict[int, LeasePart],
            ends: float) -> Lease:
-    first = next(iter(held.values()), None)
-    lease = st.lease(first.id if first else 0, keys,
+    lease = st.lease(st.hold_lease(held) if held else 0, keys,
                      min((p.expires_at for p in held.values()), default=ends))
     lease.parts = held
     return lease
@@ -299,7 +304,10 @@ def _lease(st: ClientState, keys: list[bytes], held: dict[int, LeasePart],
 def renew(st: ClientState, lease: Lease, ttl: float | None) -> Flow[None]:
     """Renew each shard's part (asked of all, then answered); the first failure is
     raised once every answer is in (the parts renewed keep their new deadlines)."""
-    held = lease_parts(lease)
+    held = lease_parts(st, lease)
+    if held is None:
+        raise LeaseNotFound("this client holds no such lease: renew it with the client "
+                            "that looked its keys up")
     if not lease.id or not held:
         return
     sent = st.now()
@@ -321,11 +329,13 @@ def renew(st: ClientState, lease: Lease, ttl: float | None) -> Flow[None]:
         raise first
 
 
-def release(lease: Lease, keep_first: int | None, shards: int) -> Flow[None]:
+def release(st: ClientState, lease: Lease, keep_first: int | None,
+            shards: int) -> Flow[None]:
     """Release each shard's part (waited for, as one shard's release is); with
-    `keep_first=n`, each shard keeps its keys among the lease's first n."""
-    held = lease_parts(lease)
-    if not lease.id:
+    `keep_first=n`, each shard keeps its keys among the lease's first n. A lease this
+    client does not know is left to expire (its id names nothing at any master)."""
+    held = lease_parts(st, lease)
+    if not lease.id or held is None:
         return
     if keep_first is not None and keep_first < 0:
         raise InvalidArgument(f"keep_first must be >= 0, got {keep_first}")
@@ -353,6 +363,31 @@ def release(lease: Lease, keep_first: int | None, shards: int) -> Flow[None]:
     lease.parts = kept
     if keep_first:
         lease.keys = lease.keys[:keep_first]
-    lease.id = next(iter(kept.values())).id if kept else 0
+    if kept:
+        st.shard_leases[lease.id] = kept
+    else:
+        st.shard_leases.pop(lease.id, None)
+        lease.id = 0
     if first is not None:
         raise first
+
+
+def list_keys(request: pb.ListKeysRequest, shards: int) -> Flow[pb.ListKeysResponse]:
+    """ListKeys asked of every shard and merged: the first `limit` keys in key order
+    (each shard lists its own first ones), truncated if any shard's list was or the
+    merge cut it. A shard that fails fails the call: a listing without it would be
+    silently short."""
+    asked = []
+    for k in range(shards):
+        asked.append((yield Ask("ListKeys", request, k)))
+    objects = []
+    truncated = False
+    for a in asked:
+        reply = yield Answer(a)
+        objects += reply.objects
+        truncated = truncated or reply.truncated
+    objects.sort(key=lambda o: o.key)
+    limit = request.limit or LIST_DEFAULT
+    merged = pb.ListKeysResponse(truncated=truncated or len(objects) > limit)
+    merged.objects.extend(objects[:limit])
+    return merged

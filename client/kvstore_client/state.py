@@ -10,6 +10,8 @@ every flow reads its time from (clock.py; `ManualClock` in tests).
 from __future__ import annotations
 
 import contextlib
+import itertools
+import secrets
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +34,7 @@ from kvstore_client.stats import ClientStats
 DEFAULT_PLACEMENTS = DEFAULT_CAPACITY  # objects whose placement a client remembers
 DEFAULT_RESERVE = DEFAULT_BUDGET  # bytes of space a client starts ahead for its puts
 DEFAULT_TIMEOUT = 10.0  # seconds: ClientOptions.timeout's default
+HELD_LEASES = 4096  # leases over several shards held before expired ones are forgotten
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +56,10 @@ class Lease:
 
     In a cluster of several master shards the keys' pins are held by each of their
     shards: `parts` maps a shard to its own lease there (docs/scaling.md, "One Lease over
-    several shards"), `expires_at` is the earliest of theirs and `id` one of their ids
-    while any is held (0 once released)."""
+    several shards") and `expires_at` is the earliest of theirs. `id` is then the
+    client's own name for the whole (no master's id; 0 once released): a Lease rebuilt
+    from it, as an adapter does, finds its parts again in the client that made it
+    (`ClientState.shard_leases`)."""
 
     id: int
     keys: list[bytes]
@@ -125,6 +130,9 @@ class ClientState(DataPath):
         # The staging buffers of the other shards' parts of a put_many or get_many over
         # several shards (their flows run side by side; see sharded.py).
         self.stagings: dict[int, Staging] = {}
+        # Leases over several shards this client holds: their id -> their parts.
+        self.shard_leases: dict[int, dict[int, LeasePart]] = {}
+        self._lease_names = itertools.count(secrets.randbits(48) + 1)
         self.staging = staging
         self.records = RecordArea(transfer)
         self.writer_id = writer_id
@@ -143,6 +151,19 @@ class ClientState(DataPath):
             return False
         self.epoch = reply.epoch
         return True
+
+    def hold_lease(self, parts: dict[int, LeasePart]) -> int:
+        """Name a lease over several shards (its parts), for `shard_leases`; leases long
+        expired are forgotten meanwhile (a lease nobody released)."""
+        held = self.shard_leases
+        if len(held) >= HELD_LEASES:
+            now = self.now()
+            for name in [n for n, ps in held.items()
+                         if all(p.expires_at < now for p in ps.values())]:
+                del held[name]
+        name = next(self._lease_names)
+        held[name] = parts
+        return name
 
     def staging_of(self, shard: int, shards: int) -> Staging:
         """The staging buffer for shard `shard`'s part of a batch over several shards:

@@ -22,7 +22,7 @@ from kvstore.shards import shard_of
 from kvstore.v1 import master_pb2 as pb
 from kvstore_client import AsyncKVStoreClient, KVStoreClient, discovery
 from kvstore_client.staging import Staging
-from kvstore_client.state import ClientState
+from kvstore_client.state import ClientState, Lease
 from tests.unit.test_client_data_path import (
     FakeLocal,
     FakeMaster,
@@ -91,6 +91,13 @@ class ShardMaster(FakeMaster):
     def ReleaseLease(self, req: pb.ReleaseLeaseRequest) -> pb.LeaseResponse:
         self.trim(req.lease_id, req.keep_first_n if req.HasField("keep_first_n") else 0)
         return pb.LeaseResponse(epoch=self.epoch)
+
+    def ListKeys(self, req: pb.ListKeysRequest) -> pb.ListKeysResponse:
+        keys = sorted(k for k in self.objects if k.startswith(req.prefix))
+        reply = pb.ListKeysResponse(truncated=len(keys) > req.limit, epoch=self.epoch)
+        for key in keys[:req.limit]:
+            reply.objects.add(key=key, state="complete")
+        return reply
 
     def trim(self, lease_id: int, keep: int) -> None:
         if keep:
@@ -460,3 +467,42 @@ def test_a_shards_failover_is_followed_by_that_shard_alone(rig: ShardRig) -> Non
     assert rig.state.epochs[1] == new.epoch and rig.state.epoch == rig.masters[0].epoch
     assert set(new.objects) == {k for k in keys if shard_of(k, SHARDS) == 1}
     assert c.stats.failovers == 1
+
+
+def test_a_lease_rebuilt_from_its_id_is_released_on_every_shard(rig: ShardRig) -> None:
+    """An adapter hands a lease's id on and releases `Lease(id, [], 0.0)` later: the
+    client that made the lease finds its parts by that id."""
+    keys = keys_of(8)
+    _on_both(keys)
+    rig.client.put_many(keys, [b"v"] * 8)
+    lease = rig.client.lookup(keys)
+    assert all(m.leases for m in rig.masters)
+    rig.client.release(Lease(lease.id, [], 0.0))
+    assert all(m.leases == {} for m in rig.masters)
+    assert rig.state.shard_leases == {}
+
+
+def test_a_lease_another_client_made_is_read_under_short_leases(rig: ShardRig) -> None:
+    import numpy as np
+
+    keys = keys_of(8)
+    rig.client.put_many(keys, [b"%04d" % i for i in range(8)])
+    stranger = Lease(987654, keys, rig.state.now() + 30.0)  # its parts are elsewhere
+    dst = np.zeros(32, dtype=np.uint8)
+    rig.client.register(dst)
+    assert rig.client.get_into(keys, [dst[i * 4:(i + 1) * 4] for i in range(8)],
+                               stranger) == [None] * 8
+    assert bytes(dst) == b"".join(b"%04d" % i for i in range(8))
+    rig.trace.clear()
+    rig.client.release(stranger)  # names nothing at any master: nothing is sent
+    assert rig.sent("ReleaseLease") == []
+
+
+def test_list_keys_asks_every_shard_and_merges_in_key_order(rig: ShardRig) -> None:
+    keys = keys_of(12)
+    rig.client.put_many(keys, [b"v"] * 12)
+    reply = rig.client._call("ListKeys", pb.ListKeysRequest(prefix=b"k", limit=5))
+    assert [o.key for o in reply.objects] == sorted(keys)[:5] and reply.truncated
+    assert sorted(rig.sent("ListKeys")) == [0, 1]
+    whole = rig.client._call("ListKeys", pb.ListKeysRequest(prefix=b"k", limit=50))
+    assert [o.key for o in whole.objects] == sorted(keys) and not whole.truncated
