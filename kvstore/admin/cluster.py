@@ -96,7 +96,6 @@ def status(args: argparse.Namespace) -> int:
         return 0
     if sharded:
         return _print_sharded(info, per_shard)
-    hr = info["hit_ratio"]
     rows = [
         ["leader", f"{info['leader']}" + (f" ({leader_id})" if leader_id else "")],
         ["standbys", "unknown (etcd unreachable)" if standbys is None
@@ -107,22 +106,28 @@ def status(args: argparse.Namespace) -> int:
          + (f", {len(info['nodes_draining'])} draining ({', '.join(info['nodes_draining'])})"
             if info["nodes_draining"] else "")],
     ]
-    for tier, t in sorted(info["tiers"].items()):
-        rows.append([f"capacity {tier}", f"{size(t['used'])} used of {size(t['capacity'])} "
-                     f"({pct(t['used'], t['capacity'])}), {size(t['pinned'])} pinned"])
-    rows += [
-        ["objects", f"{info['objects']['complete']} complete, {info['objects']['pending']} pending "
-                    f"({size(info['bytes']['complete'])})"],
-    ]
+    print(table(rows + _totals_rows(info)))
+    return 0
+
+
+def _totals_rows(info: dict[str, Any]) -> list[list[str]]:
+    """The cluster's capacity, objects, leases and hit ratio: the same rows whether one
+    shard answered or several were summed."""
+    rows = [[f"capacity {tier}", f"{size(t['used'])} used of {size(t['capacity'])} "
+             f"({pct(t['used'], t['capacity'])}), {size(t['pinned'])} pinned"]
+            for tier, t in sorted(info["tiers"].items())]
+    rows.append(["objects", f"{info['objects']['complete']} complete, "
+                            f"{info['objects']['pending']} pending "
+                            f"({size(info['bytes']['complete'])})"])
     if info["objects"]["pending"]:
         rows.append(["", _PENDING_WHY])
+    hr = info["hit_ratio"]
     rows += [
         ["leases", f"{info['active_leases']} active"],
         ["hit ratio", f"{ratio_text(hr['hit_keys'], hr['lookup_keys'])} over the last "
                       f"{seconds(hr['seconds'])} ({hr['hit_keys']}/{hr['lookup_keys']} keys)"],
     ]
-    print(table(rows))
-    return 0
+    return rows
 
 
 def _print_sharded(info: dict[str, Any], per_shard: list[dict[str, Any]]) -> int:
@@ -138,21 +143,7 @@ def _print_sharded(info: dict[str, Any], per_shard: list[dict[str, Any]]) -> int
     rows.append(["nodes", f"{info['nodes_alive']} alive"
                  + (f", {len(info['nodes_draining'])} draining "
                     f"({', '.join(info['nodes_draining'])})" if info["nodes_draining"] else "")])
-    for tier, t in sorted(info["tiers"].items()):
-        rows.append([f"capacity {tier}", f"{size(t['used'])} used of {size(t['capacity'])} "
-                     f"({pct(t['used'], t['capacity'])}), {size(t['pinned'])} pinned"])
-    rows.append(["objects", f"{info['objects']['complete']} complete, "
-                            f"{info['objects']['pending']} pending "
-                            f"({size(info['bytes']['complete'])})"])
-    if info["objects"]["pending"]:
-        rows.append(["", _PENDING_WHY])
-    hr = info["hit_ratio"]
-    rows += [
-        ["leases", f"{info['active_leases']} active"],
-        ["hit ratio", f"{ratio_text(hr['hit_keys'], hr['lookup_keys'])} over the last "
-                      f"{seconds(hr['seconds'])} ({hr['hit_keys']}/{hr['lookup_keys']} keys)"],
-    ]
-    print(table(rows))
+    print(table(rows + _totals_rows(info)))
     return 0
 
 

@@ -5,8 +5,7 @@ key and epoch, and the client routes every key to its shard (docs/scaling.md).""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import grpc
 
@@ -15,6 +14,7 @@ from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
 from kvstore_client import KVStoreClient
 from tests.conftest import Cluster
+from tests.unit.polling import wait_until
 
 SHARDS = 2
 
@@ -31,13 +31,6 @@ def start_sharded(c: Cluster, standbys: Sequence[int] = (), nodes: int = 1) -> l
         c.wait_nodes(nodes, address=address)
     return leaders
 
-
-def poll(what: str, check: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout}s")
-        time.sleep(0.05)
 
 
 def pins(address: str, keys: Sequence[bytes]) -> list[int]:
@@ -90,11 +83,13 @@ def test_a_lookup_whose_prefix_ends_on_another_shard_is_trimmed_on_every_shard(
             return [p for k in ks for p in pins(leaders[shard_of(k, SHARDS)], [k])]
 
         # beyond the prefix nothing stays pinned, on either shard; the prefix is
-        poll("pins beyond the prefix released", lambda: pinned(keys[6:]) == [0] * 4)
+        wait_until(lambda: pinned(keys[6:]) == [0] * 4, timeout=30,
+                   what="pins beyond the prefix released")
         assert pinned(keys[:5]) == [1] * 5
         assert c.get_many(keys[:5]) == [b"v" * 100] * 5
         c.release(lease)
-        poll("the prefix's pins released", lambda: pinned(keys[:5]) == [0] * 5)
+        wait_until(lambda: pinned(keys[:5]) == [0] * 5, timeout=30,
+                   what="the prefix's pins released")
 
 
 def test_a_shards_leader_killed_leaves_the_other_serving_and_loses_nothing(
@@ -115,6 +110,6 @@ def test_a_shards_leader_killed_leaves_the_other_serving_and_loses_nothing(
         assert c.lookup(zero).count == len(zero)
         # shard 1's standby takes over from the node's inventory of shard 1: nothing lost
         one = [keys[i] for i in on[1]]
-        poll("shard 1's acknowledged keys back", lambda: c.get_many(one) == [
-            values[i] for i in on[1]], timeout=60)
+        wait_until(lambda: c.get_many(one) == [values[i] for i in on[1]], timeout=60,
+                   what="shard 1's acknowledged keys back")
         assert c.get_many(keys) == values

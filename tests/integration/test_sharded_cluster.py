@@ -12,8 +12,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 
 import grpc
 
@@ -22,17 +20,11 @@ from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
 from kvstore_client import KVStoreClient
 from tests.conftest import Cluster
+from tests.unit.polling import wait_until
 
 SHARDS = 2
 SEGMENT = 256 << 20
 
-
-def poll(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout}s")
-        time.sleep(0.05)
 
 
 def put(address: str, keys: list[bytes], size: int = 4096) -> list[int]:
@@ -122,7 +114,8 @@ def test_a_shards_leader_killed_leaves_the_other_serving_and_its_keys_come_back(
     # from the node's inventory of shard 1; shard 0 keeps its own epoch at the node
     address = c.start_master(shard=1)
     c.wait_nodes(1, address=address)
-    poll("shard 1's keys back", lambda: exists(address, one) == [True] * 50)
+    wait_until(lambda: exists(address, one) == [True] * 50, timeout=60,
+               what="shard 1's keys back")
     assert c.status(address).epoch > old_epoch
     assert c.status(address).objects_complete == 50
     assert put(c.master_of(0), keys_of(0, 5, "z-late")) == [0] * 5
