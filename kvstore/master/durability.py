@@ -6,7 +6,9 @@ why the following is enough:
 
 - PutStart: the leader sends each node it placed a replica on an *intent* (key, offset,
   size, checksum; `Replica.pending`), queued right after the call and sent at once, in
-  parallel with the reply. The node holds it as "committed if its bytes verify".
+  parallel with the reply. Deltas no reply waits for (commits acknowledged on their
+  intents, drops) may wait `nodes.DEFER` to share an Apply. The node holds an intent as
+  "committed if its bytes verify".
 - PutEnd: the reply waits until each node has applied the key's intent, which has had
   the whole transfer to arrive (normally it has: nothing to wait for). The commit delta
   is queued and sent, not waited for: the intent plus the bytes the client wrote before
@@ -120,8 +122,11 @@ class Recorder:
                                                    records)
         if not changes and not stored and not kick:
             return None
+        # Intents go at once: a PutEnd's reply waits for them and they have only its
+        # transfer's time to land. What else is queued may wait a little for company.
+        urgent = bool(placed)
         if method not in RECORDED_CALLS or reply.error.code:
-            self._links.kick(kick)
+            self._links.kick(kick, now=urgent)
             return None
         dropped: set[str] = set()
         if method == "Remove":  # an eviction inside a put is no promise
@@ -136,14 +141,14 @@ class Recorder:
             for ns in stored.values():
                 late.update(ns)
         if not any_added and not dropped:
-            self._links.kick(kick)
+            self._links.kick(kick, now=urgent)
             return None
         # Per node, the place in its queue the reply waits for: a commit on its intent's
         # (`waits`, from _queue), anything else on the call's own last delta there.
         for n in late | dropped:
             if (end := self._links.mark(n)) is not None:
                 _later(waits, n, end)
-        self._links.kick(kick)
+        self._links.kick(kick, now=urgent)
         if not any(link.stale or link.applied < seq for link, seq in waits.values()):
             return None  # all recorded already (normally: the intents have landed)
         self.held += 1

@@ -5,12 +5,15 @@ one `Apply` per node. A new leader reads the nodes' inventories back to rebuild 
 index, so a commit is durable once its node has applied it: the handlers of PutEnd,
 PutCommit and Remove hold their reply until then (see `record` and docs/durability.md).
 
-Each node has one sender task. It starts an `Apply` as soon as deltas wait and no
-`Apply` to that node is in flight, and takes everything queued meanwhile into the next
-one: under load, commits group themselves, one round trip per node per batch, and no
-timer stands between a commit and its delivery. Deltas to an unreachable node wait (up
-to a bound) and are sent again, in order, with backoff; the node's own etcd lease
-decides whether it is alive, not these calls.
+Each node has one sender task. It starts an `Apply` as soon as deltas some reply waits
+for (or intents) are queued and no `Apply` to that node is in flight, and takes
+everything queued meanwhile into the next one: under load, commits group themselves,
+one round trip per node per batch. Deltas nothing waits for (a commit acknowledged on
+its intent, an intent's drop, the tick's frees) wait up to `DEFER` for company first:
+a single client's puts then share one `Apply` instead of costing the master and the
+node a round trip each (each one is two syscalls and a wake-up on both sides). Deltas
+to an unreachable node wait (up to a bound) and are sent again, in order, with
+backoff; the node's own etcd lease decides whether it is alive, not these calls.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ MAX_QUEUED = 200_000  # per node; past this the oldest deltas are dropped (a sta
 # only costs hits after a failover, never correctness: reads verify checksums)
 APPLY_TIMEOUT = 5.0  # s for one Apply before it is retried
 RETRY_MAX = 1.0  # s, the longest pause between two tries of a failing node
+DEFER = 0.001  # s a delta no reply waits for may wait for others to share its Apply
+DEFER_ROWS = 512  # queued rows that are sent at once even if nothing waits for them
 
 
 class Applied(enum.Enum):
@@ -92,6 +97,8 @@ class _Link:
     sender: asyncio.Task[None] | None = None
     stale: bool = False  # the node said a newer leader exists: nothing of ours holds
     fast: DeltaClient | None = None  # the node's delta channel, when it announces one
+    urgent: bool = False  # something queued is to go now (an intent, a waited-for delta)
+    timer: asyncio.TimerHandle | None = None  # the deferred wake (see DEFER)
 
 
 class NodeLinks:
@@ -208,13 +215,31 @@ class NodeLinks:
         link = self._links.get(node_id)
         return None if link is None else (link, link.queued)
 
-    def kick(self, node_ids: Iterable[str] | None = None) -> None:
-        """Have the senders deliver what is queued (all nodes, or these), without waiting."""
+    def kick(self, node_ids: Iterable[str] | None = None, now: bool = False) -> None:
+        """Have the senders deliver what is queued (all nodes, or these), without waiting:
+        `now`, or within DEFER (see the module's docstring; a waiter sends at once)."""
         links = (self._links.values() if node_ids is None
                  else [self._links[n] for n in node_ids if n in self._links])
         for link in links:
             if link.applied < link.queued:
-                link.wake.set()
+                if now:
+                    link.urgent = True
+                    link.wake.set()
+                else:
+                    self._defer(link)
+
+    @staticmethod
+    def _defer(link: _Link) -> None:
+        if link.wake.is_set() or link.timer is not None:
+            return
+        if len(link.changes) >= DEFER_ROWS:
+            link.wake.set()
+            return
+
+        def wake() -> None:
+            link.timer = None
+            link.wake.set()
+        link.timer = asyncio.get_running_loop().call_later(DEFER, wake)
 
     def waiter(self, mark: tuple[_Link, int]) -> asyncio.Future[Applied]:
         """A future that says when (and how) the node of `mark` applied everything queued
@@ -229,6 +254,7 @@ class NodeLinks:
             future.set_result(Applied.GONE)
         else:
             link.waiters.append((seq, future))
+            link.urgent = True
             link.wake.set()
         return future
 
@@ -258,9 +284,13 @@ class NodeLinks:
         while True:
             await link.wake.wait()
             link.wake.clear()
+            if link.timer is not None:
+                link.timer.cancel()
+                link.timer = None
             while link.changes:
                 changes, upto = link.changes, link.queued
                 link.changes = []
+                link.urgent = False
                 outcome = await self._apply(node_id, link, changes)
                 if outcome is Applied.YES:
                     failures = 0
@@ -278,8 +308,13 @@ class NodeLinks:
                     self._healthy(node_id, False)
                     failures += 1
                     await asyncio.sleep(min(RETRY_MAX, 0.05 * (2 ** min(failures, 5))))
+                    continue
+                if link.changes and not link.urgent and not link.waiters:
+                    # Queued during the Apply, and nothing waits for it: company first.
+                    self._defer(link)
+                    break
             # Waiters for deltas a trim dropped (MAX_QUEUED) would wait forever.
-            if link.applied < link.queued:
+            if not link.changes and link.applied < link.queued:
                 link.applied = link.queued
                 self._wake_waiters(link, Applied.YES)
 

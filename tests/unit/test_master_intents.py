@@ -92,6 +92,49 @@ def test_put_end_after_the_intent_landed_does_not_wait_for_the_commit() -> None:
     run(main())
 
 
+def test_commits_nothing_waits_for_share_one_apply_and_intents_go_at_once(
+        monkeypatch: Any) -> None:
+    """Commits acknowledged on their landed intents are held back (DEFER) to share an
+    Apply; a PutStart's intents are sent at once, taking the held commits along."""
+    from kvstore.master import nodes as node_links
+    monkeypatch.setattr(node_links, "DEFER", 3600.0)  # held until something goes now
+
+    async def main() -> None:
+        journal: list[ReplicaChange] = []
+        rec, links, nodes = recorder(journal, "a")
+        rec.record("PutStart", pb.PutStartResponse(), {},
+                   [placed(b"k%d" % i, 64 * i, "a") for i in range(5)])
+        await wait_until_async(lambda: links._links["a"].applied == 5, what="intents landed")
+        for i in range(5):
+            journal.append(committed("a", b"k%d" % i, 64 * i))
+            assert rec.record("PutEnd", pb.CodesResponse(codes=[Code.OK])) is None
+            await settle()
+        assert len(nodes["a"].calls) == 1, "a commit nothing waits for was sent alone"
+        rec.record("PutStart", pb.PutStartResponse(), {}, [placed(b"n", 640, "a")])
+        await wait_until_async(lambda: len(nodes["a"].calls) == 2, what="the intent went")
+        assert changes(nodes["a"].calls[1:]) == [
+            *((b"k%d" % i, 64 * i, "commit") for i in range(5)), (b"n", 640, "intent")]
+        await links.close()
+    run(main())
+
+
+def test_a_held_delta_goes_when_a_reply_waits_for_the_node() -> None:
+    async def main() -> None:
+        journal: list[ReplicaChange] = []
+        rec, links, nodes = recorder(journal, "a")
+        journal.append(committed("a", b"old", 0, added=False))  # a free: nothing waits
+        assert rec.record("PutEnd", pb.CodesResponse()) is None
+        journal.append(committed("a", b"k", 64))  # no intent: its reply waits
+        reply = pb.CodesResponse(codes=[Code.OK])
+        wait = rec.record("PutEnd", reply)
+        assert wait is not None
+        await wait
+        assert reply.error.code == 0
+        assert changes(nodes["a"].calls) == [(b"old", 0, "drop"), (b"k", 64, "commit")]
+        await links.close()
+    run(main())
+
+
 def test_put_end_before_the_intent_landed_waits_for_the_intent_only() -> None:
     async def main() -> None:
         journal: list[ReplicaChange] = []
