@@ -29,7 +29,8 @@ import grpc
 
 from kvstore.addresses import split_address
 from kvstore.errors import Code, KVStoreError
-from kvstore.rpc.deltas import DeltaClient
+from kvstore.rpc.delta_columns import Row
+from kvstore.rpc.deltas import DeltaClient, apply_request
 from kvstore.security.daemons import DaemonSecurity
 from kvstore.v1 import store_pb2 as spb
 from kvstore.v1 import store_pb2_grpc as spbg
@@ -53,34 +54,10 @@ class Applied(enum.Enum):
     LATE = "late"  # not applied within the wait (the node is slow or unreachable)
 
 
-# One queued change: key, offset, size, checksum, tier, pending, record, drop (the fields
-# of spb.Change and its Replica). Kept as a tuple until its Apply is built: a message per
-# change made at queue time and copied into the request cost ~3x as much (a put queues
-# two: its intent and its commit).
-Row = tuple[bytes, int, int, int, str, bool, bool, bool]
-
-
-def apply_request(epoch: int, rows: list[Row], shard: int = 0) -> spb.ApplyRequest:
-    """The ApplyRequest carrying `rows`, in order, for shard `shard`'s inventory on the
-    node. add() and attribute stores, each default left unset: with upb, about 3x faster
-    than Change(replica=Replica(...))."""
-    request = spb.ApplyRequest(epoch=epoch, shard=shard)
-    add = request.changes.add
-    for key, offset, size, checksum, tier, pending, record, drop in rows:
-        r = (add(drop=True) if drop else add()).replica
-        r.key = key
-        if offset:
-            r.offset = offset
-        if size:
-            r.size = size
-        if checksum:
-            r.checksum = checksum
-        r.tier = tier
-        if pending:
-            r.pending = True
-        if record:
-            r.record = True
-    return request
+# One queued change (delta_columns.Row): key, offset, size, checksum, tier, pending,
+# record, drop. Kept as a tuple until its Apply is built: a message per change made at
+# queue time and copied into the request cost ~3x as much (a put queues two: its intent
+# and its commit), and over the delta channel the rows go in columns.
 
 
 @dataclass
@@ -330,12 +307,13 @@ class NodeLinks:
         link.waiters = keep
 
     async def _apply(self, node_id: str, link: _Link, changes: list[Row]) -> Applied:
-        request = apply_request(self._epoch(), changes, self.shard)
         try:
             if link.fast is not None:
-                reply = await link.fast.apply(request, APPLY_TIMEOUT)
+                reply = await link.fast.apply_rows(self._epoch(), self.shard, changes,
+                                                   APPLY_TIMEOUT)
             else:
-                reply = await link.stub.Apply(request, timeout=APPLY_TIMEOUT)
+                reply = await link.stub.Apply(apply_request(self._epoch(), changes, self.shard),
+                                              timeout=APPLY_TIMEOUT)
         except grpc.aio.AioRpcError as exc:
             log.warning("inventory delta to node %s failed (%s); will retry", node_id,
                         exc.code().name)

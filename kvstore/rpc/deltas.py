@@ -7,6 +7,10 @@ carrying the same `ApplyRequest` and `ApplyResponse` messages in the fast channe
 frames (framing.py), one request at a time per connection. The gRPC `Apply` stays, for
 a master that does not know this channel (docs/durability.md has the figures).
 
+The leader sends its rows in columns (TAG_APPLY_COLUMNS, delta_columns.py) to a node
+that reads them; a node that answers that frame with INVALID_ARGUMENT (one that
+predates it, or reads another version) gets `ApplyRequest`s from then on.
+
 A connection opens with an AUTH frame when the master holds a token (the node admits
 only node and admin tokens, as its gRPC service does); with TLS, the stream is wrapped.
 """
@@ -21,7 +25,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kvstore.addresses import join_address, split_address
-from kvstore.errors import Code, KVStoreError, Unauthenticated, error_for
+from kvstore.errors import Code, InvalidArgument, KVStoreError, Unauthenticated, error_for
+from kvstore.rpc import delta_columns
+from kvstore.rpc.delta_columns import Columns, Row
 from kvstore.rpc.framing import (
     HEADER,
     HEADER_SIZE,
@@ -39,8 +45,10 @@ log = logging.getLogger(__name__)
 
 TAG_AUTH = 1  # payload: the token (UTF-8)
 TAG_APPLY = 2  # payload: an ApplyRequest
+TAG_APPLY_COLUMNS = 3  # payload: delta_columns.encode's
 
 Apply = Callable[[spb.ApplyRequest], Awaitable[spb.ApplyResponse]]
+ApplyColumns = Callable[[Columns], Awaitable[spb.ApplyResponse]]
 Admit = Callable[[str], None]  # raises KVStoreError unless the token may send deltas
 
 
@@ -95,11 +103,18 @@ class _NodeSide(asyncio.Protocol):
         if not self._admitted:
             return error_frame(request_id, Code.UNAUTHENTICATED,
                           "this store node requires a node or admin token")
-        if tag != TAG_APPLY:
+        columns = self._server.apply_columns
+        if tag != TAG_APPLY and (tag != TAG_APPLY_COLUMNS or columns is None):
             return error_frame(request_id, Code.INVALID_ARGUMENT, f"unknown delta frame tag {tag}")
         try:
-            request = spb.ApplyRequest.FromString(payload)
-            reply = (await self._server.apply(request)).SerializeToString()
+            if tag == TAG_APPLY_COLUMNS:
+                assert columns is not None
+                answer = await columns(delta_columns.decode(payload))
+            else:
+                answer = await self._server.apply(spb.ApplyRequest.FromString(payload))
+            reply = answer.SerializeToString()
+        except KVStoreError as exc:  # a frame it cannot read (MalformedDeltas)
+            return error_frame(request_id, exc.code, exc.message)
         except Exception as exc:  # a bad frame or a bug must not stop the node
             log.exception("delta channel: Apply failed")
             return error_frame(request_id, Code.INTERNAL, f"Apply failed on the node ({exc})")
@@ -107,11 +122,15 @@ class _NodeSide(asyncio.Protocol):
 
 
 class DeltaServer:
-    """The node's end: `apply` is its Apply handler; `admit` checks a token (None: open)."""
+    """The node's end: `apply` is its Apply handler, `apply_columns` the same for rows in
+    columns (None: the frame is refused as unknown); `admit` checks a token (None:
+    open)."""
 
     def __init__(self, apply: Apply, admit: Admit | None = None,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None,
+                 apply_columns: ApplyColumns | None = None) -> None:
         self.apply = apply
+        self.apply_columns = apply_columns
         self.admit = admit
         self.tls = tls
         self._server: asyncio.AbstractServer | None = None
@@ -143,6 +162,7 @@ class DeltaClient:
         self._token = token
         self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         self._next_id = 0
+        self.columns = True  # until the node refuses the columnar frame
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self._streams is None:
@@ -182,6 +202,26 @@ class DeltaClient:
             raise
         return spb.ApplyResponse.FromString(body)
 
+    async def apply_rows(self, epoch: int, shard: int, rows: list[Row],
+                         timeout: float) -> spb.ApplyResponse:
+        """`rows` in columns, or as an ApplyRequest to a node that refused columns."""
+        if not self.columns:
+            return await self.apply(apply_request(epoch, rows, shard), timeout)
+        try:
+            async with asyncio.timeout(timeout):
+                await self._connect()
+                body = await self._call(TAG_APPLY_COLUMNS,
+                                        delta_columns.encode(epoch, shard, rows))
+        except InvalidArgument as exc:  # it answered: the connection is still good
+            log.warning("store node %s does not read columnar deltas (%s); sending it "
+                        "ApplyRequests", self.address, exc.message)
+            self.columns = False
+            return await self.apply(apply_request(epoch, rows, shard), timeout)
+        except BaseException:
+            self._drop()
+            raise
+        return spb.ApplyResponse.FromString(body)
+
     def _drop(self) -> None:
         if self._streams is not None:
             self._streams[1].close()
@@ -193,3 +233,26 @@ class DeltaClient:
             streams[1].close()
             with contextlib.suppress(Exception):
                 await streams[1].wait_closed()
+
+
+def apply_request(epoch: int, rows: list[Row], shard: int = 0) -> spb.ApplyRequest:
+    """The ApplyRequest carrying `rows`, in order, for shard `shard`'s inventory on the
+    node (gRPC, and nodes that predate columns). add() and attribute stores, each default
+    left unset: with upb, about 3x faster than Change(replica=Replica(...))."""
+    request = spb.ApplyRequest(epoch=epoch, shard=shard)
+    add = request.changes.add
+    for key, offset, size, checksum, tier, pending, record, drop in rows:
+        r = (add(drop=True) if drop else add()).replica
+        r.key = key
+        if offset:
+            r.offset = offset
+        if size:
+            r.size = size
+        if checksum:
+            r.checksum = checksum
+        r.tier = tier
+        if pending:
+            r.pending = True
+        if record:
+            r.record = True
+    return request

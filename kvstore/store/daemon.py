@@ -376,7 +376,8 @@ class StoreDaemon:
         tls = self.security.server_tls
         self._deltas = DeltaServer(lambda request: service.Apply(request, None),
                                    self._admit if self.auth.required else None,
-                                   tls.ssl_context() if tls else None)
+                                   tls.ssl_context() if tls else None,
+                                   service.apply_columns)
         self.deltas_address = await self._deltas.start(host.strip("[]") or "127.0.0.1")
 
     def _admit(self, token: str) -> None:

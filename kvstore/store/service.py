@@ -9,6 +9,7 @@ from typing import Any
 from kvstore import put_record
 from kvstore.checksum import matches
 from kvstore.errors import MAX_KEY_BYTES, Code, KVStoreError
+from kvstore.rpc.delta_columns import DROP, PENDING, RECORD, SSD, Columns
 from kvstore.shards import MAX_SHARDS, shard_of
 from kvstore.store.inventory import Held, Inventory, ShardInventories
 from kvstore.store.segment import DramSegment
@@ -70,7 +71,7 @@ class StoreNodeService(spbg.StoreNodeServicer):
                  if r.tier != "ssd"],
                 [(r.key, r.offset) for r in request.drop if r.tier != "ssd"],
             )
-        ssd_drops = [r for r in request.drop if r.tier == "ssd"]
+        ssd_drops = [(r.key, r.offset) for r in request.drop if r.tier == "ssd"]
         if request.changes:
             epoch = request.epoch or 1
             ordered: list[tuple[bytes, Held | int]] = []
@@ -78,7 +79,7 @@ class StoreNodeService(spbg.StoreNodeServicer):
                 r = c.replica
                 if r.tier == "ssd":
                     if c.drop:
-                        ssd_drops.append(r)
+                        ssd_drops.append((r.key, r.offset))
                 elif c.drop:
                     ordered.append((r.key, r.offset))
                 else:
@@ -86,16 +87,43 @@ class StoreNodeService(spbg.StoreNodeServicer):
                                                 epoch if r.pending else 0,
                                                 r.pending and r.record)))
             inventory.replay(ordered)
+        await self._drop_ssd(ssd_drops)
+        return spb.ApplyResponse()
+
+    async def apply_columns(self, rows: Columns) -> spb.ApplyResponse:
+        """Apply, for the delta channel's rows in columns (kvstore/rpc/delta_columns.py)."""
+        inventory = self._of(rows.shard)
+        if inventory is None:
+            return _no_such_shard(spb.ApplyResponse, rows.shard)
+        if not inventory.admit_epoch(rows.epoch):
+            return _stale(spb.ApplyResponse, rows.shard)
+        epoch = rows.epoch or 1
+        ordered: list[tuple[bytes, Held | int]] = []
+        ssd_drops: list[tuple[bytes, int]] = []
+        for key, offset, size, checksum, f in zip(rows.keys, rows.offsets, rows.sizes,
+                                                  rows.checksums, rows.flags, strict=True):
+            if f & SSD:
+                if f & DROP:
+                    ssd_drops.append((key, offset))
+            elif f & DROP:
+                ordered.append((key, offset))
+            elif f & PENDING:
+                ordered.append((key, Held(offset, size, checksum, epoch, bool(f & RECORD))))
+            else:
+                ordered.append((key, Held(offset, size, checksum)))
+        inventory.replay(ordered)
+        await self._drop_ssd(ssd_drops)
+        return spb.ApplyResponse()
+
+    async def _drop_ssd(self, drops: list[tuple[bytes, int]]) -> None:
         # A drop names the reservation it frees: skip it if the key has been demoted
         # again since (a newer copy under a newer reservation).
-        gone = [r.key for r in ssd_drops
-                if self.ssd_tokens.get(r.key, r.offset) == r.offset]
+        gone = [key for key, offset in drops if self.ssd_tokens.get(key, offset) == offset]
         for key in gone:
             self.ssd_tokens.pop(key, None)
         if gone and self.ssd is not None:
             ssd = self.ssd
             await asyncio.to_thread(lambda: [ssd.remove(k) for k in gone])
-        return spb.ApplyResponse()
 
     async def Inventory(self, request: spb.InventoryRequest,
                         context: Any) -> spb.InventoryResponse:
