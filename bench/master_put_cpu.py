@@ -4,9 +4,9 @@
 
 The daemon's own objects (MasterCore, MasterService, the Recorder and NodeLinks) run on
 one event loop; each call is parsed from its bytes, handled, settled and its reply
-serialized, as the fast channel does; the node link's sender builds each ApplyRequest
-and a stand-in for its delta channel serializes it (`DeltaClient.apply`'s work on the
-master's side) and answers at once. What it leaves out: the sockets (framing, the
+serialized, as the fast channel does; the node link's sender hands its rows to a
+stand-in for the delta channel, which packs them in columns (`DeltaClient.apply_rows`'s
+work on the master's side) and answers at once. What it leaves out: the sockets (framing, the
 syscalls) and the store node. Prints the process's CPU time (user + system) per object;
 --profile writes a cProfile of the timed loop to OUT (sorted by own time, top 30
 printed).
@@ -29,6 +29,7 @@ from kvstore.master.durability import Recorder
 from kvstore.master.metrics import MasterMetrics
 from kvstore.master.nodes import NodeLinks, _Link
 from kvstore.master.service import MasterService
+from kvstore.rpc import delta_columns
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import store_pb2 as spb
 
@@ -47,9 +48,15 @@ class _Leader:
 
 class _Loopback:
     """The node's delta channel (DeltaClient) as far as the master's side goes: the
-    request serialized, the reply parsed."""
+    rows packed in columns (or a request serialized), the reply parsed."""
 
     address = "loop"
+
+    async def apply_rows(self, epoch: int, shard: int, rows: list[Any],
+                         timeout: float) -> spb.ApplyResponse:
+        delta_columns.encode(epoch, shard, rows)
+        await asyncio.sleep(0)
+        return spb.ApplyResponse.FromString(b"")
 
     async def apply(self, request: spb.ApplyRequest, timeout: float) -> spb.ApplyResponse:
         request.SerializeToString()
