@@ -30,7 +30,15 @@ import grpc
 
 from kvstore.coord.etcd import read_key_sync
 from kvstore.coord.layout import Layout, MasterRecord
-from kvstore.errors import Code, InvalidArgument, PermissionDenied, Unavailable, error_for
+from kvstore.errors import (
+    Code,
+    InvalidArgument,
+    KVStoreError,
+    NotLeader,
+    PermissionDenied,
+    Unavailable,
+    error_for,
+)
 from kvstore.security.access import SEPARATOR, Role
 from kvstore.security.credentials import Credentials
 from kvstore.v1 import master_pb2 as pb
@@ -148,16 +156,31 @@ def find_shards(etcd: str, layout: Layout, master: str | None, timeout: float,
                               "master") from None
 
 
-def find_key_prefix(record: MasterRecord, creds: Credentials, timeout: float) -> bytes:
+def find_key_prefix(etcd: str, layout: Layout, master: str | None, timeout: float,
+                    creds: Credentials, shards: int) -> bytes:
     """What the masters put before this client's keys: its token's tenant and the
     separator (b"team-a/"), or b"" (no token, an admin's or a node's, an open cluster).
 
     A sharded cluster places a key on the shard of the key it *stores*: a node lists
     its SSD objects to a shard by that key, and a new leader adopts them by it. So a
     tenant's client routes `tenant/key`, and learns its tenant once, with one
-    Authenticate (the call any role may make) at `record`'s master."""
+    Authenticate (the call any role may make) at the first shard's leader that answers:
+    one shard down does not keep the client from the others."""
     if not creds.token:
         return b""
+    why: KVStoreError | None = None
+    for shard in range(shards):
+        try:
+            record = find_leader(etcd, layout.for_shard(shard, shards), master, timeout,
+                                 creds, shard)
+            return _tenant_prefix(record, creds, timeout)
+        except (Unavailable, NotLeader) as exc:
+            why = why or exc
+    raise why or Unavailable(f"a cluster of {shards} shards has no shard to ask for this "
+                             "client's tenant")
+
+
+def _tenant_prefix(record: MasterRecord, creds: Credentials, timeout: float) -> bytes:
     with creds.grpc_channel(record.address, record.tls, []) as channel:
         try:
             reply = pbg.MasterStub(channel).Authenticate(

@@ -140,11 +140,11 @@ class Session:
         if not self._counted:
             self._shards = discover_shards(self.etcd, self._layout, self._fixed_master,
                                            self.timeout, self._creds)
-            if self._shards > 1 and self._creds.token:
+            if self._shards > 1:
                 # A key's shard is that of the key as stored, under the token's tenant.
-                first = discover_record(self.etcd, self._layout.for_shard(0, self._shards),
-                                        self._fixed_master, self.timeout, self._creds, 0)
-                self._key_prefix = find_key_prefix(first, self._creds, self.timeout)
+                self._key_prefix = find_key_prefix(self.etcd, self._layout,
+                                                   self._fixed_master, self.timeout,
+                                                   self._creds, self._shards)
             self._counted = True
         layout = self._layout if self._shards <= 1 else \
             self._layout.for_shard(shard, self._shards)
