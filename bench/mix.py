@@ -2,10 +2,12 @@
 against Mooncake Store in the same run, with the CPU every process spent per object.
 
     python -m bench.mix [--clients 8] [--duration 3] [--put 64] [--size 4KiB]
-                        [--lookup 128] [--same-host] [--no-mooncake] [--json out.json]
+                        [--lookup 128] [--same-host] [--no-mooncake] [--shards 1]
+                        [--two-call-puts] [--json out.json]
 
 Re-executes itself in a private network namespace (loopback only; needs root). Both
-systems are up at once (ours: etcd + master + one store node; Mooncake: mooncake_master
+systems are up at once (ours: etcd + master + one store node, or with --shards N one
+master per shard, each leading its shard's part of the node; Mooncake: mooncake_master
 + one store-node process, each --dram of DRAM), each with --clients client processes,
 and are measured in turn, phase by phase (who goes first alternates):
 
@@ -18,7 +20,8 @@ and are measured in turn, phase by phase (who goes first alternates):
 
 Every process's CPU time over each phase (user + system: the clients' own getrusage,
 the daemons' from /proc/PID/stat) is divided by the objects the phase handled (objects
-put plus keys looked up): CPU per object operation, by process and by kind. The phase
+put plus keys looked up): CPU per object operation, by process and by kind (with shards,
+the master column is every shard's master together). The phase
 runs --duration seconds in every client at once (a start time is given to all).
 """
 
@@ -67,11 +70,15 @@ def self_cpu() -> float:
 
 
 class OursMix:
-    def __init__(self, etcd: str, size: int, batch: int, same_host: bool) -> None:
+    def __init__(self, etcd: str, size: int, batch: int, same_host: bool,
+                 two_call_puts: bool = False) -> None:
         from kvstore_client import KVStoreClient
 
+        # reserve_bytes=0: no space started ahead, so every put takes PutStart and PutEnd,
+        # as a client of several shards always does (kvstore_client/sharded.py).
+        extra = {"reserve_bytes": 0} if two_call_puts else {}
         self.c = KVStoreClient(etcd=etcd, same_host=same_host,
-                               buffer_size=batch * size + (16 << 20))
+                               buffer_size=batch * size + (16 << 20), **extra)
 
     def put(self, keys: list[str], value: bytes) -> None:
         errors = self.c.put_many([k.encode() for k in keys], [value] * len(keys))
@@ -119,7 +126,7 @@ def run_worker(args: argparse.Namespace) -> int:
     size, batch, window = parse_size(args.size), args.put, args.lookup
     client: OursMix | MooncakeMix
     if args.worker == "ours":
-        client = OursMix(endpoint["etcd"], size, batch, args.same_host)
+        client = OursMix(endpoint["etcd"], size, batch, args.same_host, args.two_call_puts)
     else:
         client = MooncakeMix(endpoint, size, batch)
     value = os.urandom(size)
@@ -193,16 +200,21 @@ def summarize(phase: str, parts: list[dict[str, Any]], daemons: dict[str, float]
 
 def run_phase(workers: list[Worker], daemons: dict[str, int], phase: str, duration: float,
               max_iters: int, batch: int, window: int) -> dict[str, Any]:
+    """`daemons`: process name -> pid; their CPU is summed by kind (every master shard's
+    in "master")."""
     before = {name: proc_cpu(pid) for name, pid in daemons.items()}
     ask = {"phase": phase, "duration": duration, "max_iters": max_iters,
            "start_at": time.time() + 0.5}
     with concurrent.futures.ThreadPoolExecutor(len(workers)) as pool:
         parts = list(pool.map(lambda w: w.ask(ask), workers))
-    spent = {name: proc_cpu(pid) - before[name] for name, pid in daemons.items()}
+    spent: dict[str, float] = {}
+    for name, pid in daemons.items():
+        spent[_kind(name)] = spent.get(_kind(name), 0.0) + proc_cpu(pid) - before[name]
     return summarize(phase, parts, spent, batch, window)
 
 
-def render(results: dict[str, dict[str, dict[str, Any]]], clients: int) -> str:
+def render(results: dict[str, dict[str, dict[str, Any]]], clients: int,
+           shards: int = 1) -> str:
     ours, mc = results.get("ours", {}), results.get("mooncake", {})
     rows: list[list[str]] = []
     for phase in PHASES:
@@ -233,7 +245,9 @@ def render(results: dict[str, dict[str, dict[str, Any]]], clients: int) -> str:
                        align="llrrrr")
     return (table + "\n\nCPU µs per object operation (objects put + keys looked up), by "
             "process, and in brackets\nthe share of one core it kept busy over the phase; "
-            "clients: all of them together\n\n" + cpu)
+            "clients: all of them together"
+            + (f"; kvstore's master: its {shards} shards' together" if shards > 1 else "")
+            + "\n\n" + cpu)
 
 
 def _dig(result: dict[str, Any], path: tuple[str, ...]) -> float:
@@ -250,6 +264,8 @@ def _worker_cmd(args: argparse.Namespace, system: str, endpoint: dict[str, str],
            "--lookup", str(args.lookup)]
     if args.same_host:
         cmd.append("--same-host")
+    if args.two_call_puts:
+        cmd.append("--two-call-puts")
     return cmd
 
 
@@ -264,42 +280,43 @@ def orchestrate(args: argparse.Namespace, tmp: Path) -> int:
     print(f"{args.clients} clients per system, {args.put} x {format_size(size)} puts and "
           f"{args.lookup}-key lookups, {args.duration:g} s per phase (at most {max_iters} "
           f"iterations per client), kvstore over "
-          f"{'same-host memcpy' if args.same_host else 'the Transfer Engine'}; logs in {tmp}",
+          f"{'same-host memcpy' if args.same_host else 'the Transfer Engine'}"
+          f"{f' with {args.shards} master shards' if args.shards > 1 else ''}; logs in {tmp}",
           flush=True)
     results: dict[str, dict[str, dict[str, Any]]] = {"ours": {}}
     with contextlib.ExitStack() as stack:
-        oc = stack.enter_context(ours(tmp, dram=args.dram))
+        oc = stack.enter_context(ours(tmp, dram=args.dram, shards=args.shards))
         systems: list[tuple[str, list[Worker], dict[str, int]]] = []
-        daemons = {name: pid for name, pid in oc.pids.items()}
         systems.append(("ours", _start(stack, args, "ours", {"etcd": oc.etcd}, tmp),
-                        {_kind(n): p for n, p in daemons.items()}))
+                        dict(oc.pids)))
         if not args.no_mooncake:
             mc = stack.enter_context(mooncake(tmp, dram))
             results["mooncake"] = {}
             ep = {"master": mc.master, "metadata": mc.metadata}
             systems.append(("mooncake", _start(stack, args, "mooncake", ep, tmp),
-                            {_kind(n): p.pid for n, p in mc.procs}))
+                            {n: p.pid for n, p in mc.procs}))
         print("both systems up; measuring them in turn, phase by phase ...", flush=True)
         for k, phase in enumerate(PHASES):
             for system, workers, pids in systems if k % 2 == 0 else systems[::-1]:
                 results[system][phase] = run_phase(workers, pids, phase, args.duration,
                                                    max_iters, args.put, args.lookup)
     print()
-    print(render(results, args.clients))
+    print(render(results, args.clients, args.shards))
     print(f"\n(total {time.monotonic() - t_start:.0f} s)")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "config": {"clients": args.clients, "duration": args.duration, "put": args.put,
                        "size": size, "lookup": args.lookup, "same_host": args.same_host,
-                       "engine_pool": args.engine_pool, "dram": dram},
+                       "engine_pool": args.engine_pool, "dram": dram,
+                       "shards": args.shards, "two_call_puts": args.two_call_puts},
             "results": results}, indent=2))
         print(f"wrote {args.json}")
     return 0
 
 
 def _kind(name: str) -> str:
-    """A daemon's column: master, node or etcd (ours: master, store-0, etcd; Mooncake:
-    mooncake_master, mooncake-node)."""
+    """A daemon's column: master, node or etcd (ours: master, or master-K with shards,
+    store-0, etcd; Mooncake: mooncake_master, mooncake-node)."""
     if "store" in name:
         return "node"
     for kind in ("master", "node", "etcd"):
@@ -334,6 +351,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="both systems' engines reuse TCP connections (on) or open one per "
                         "transfer (off)")
     p.add_argument("--no-mooncake", action="store_true", help="measure kvstore only")
+    p.add_argument("--shards", type=int, default=1,
+                   help="our control plane's master shards, one master process each "
+                        "(docs/scaling.md); the node's DRAM is split between them")
+    p.add_argument("--two-call-puts", action="store_true",
+                   help="our clients start no space ahead for one-call puts: every put "
+                        "takes PutStart and PutEnd, as with several shards (to compare "
+                        "one shard with several on the same put path)")
     p.add_argument("--json", help="write every figure here")
     p.add_argument("--keep-logs", action="store_true", help="keep the temporary log directory")
     p.add_argument("--worker", choices=["ours", "mooncake"], help=argparse.SUPPRESS)
@@ -350,6 +374,8 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error(str(exc))
     if args.clients < 1 or args.put < 1 or args.lookup < 1:
         parser.error("--clients, --put and --lookup must be 1 or more")
+    if not 1 <= args.shards <= 64:
+        parser.error(f"--shards {args.shards}: give 1 to 64 master shards")
     if args.lookup > 2 * args.put:
         parser.error(f"--lookup {args.lookup} reads keys of a client's two previous "
                      f"iterations: at most 2 x --put ({2 * args.put})")

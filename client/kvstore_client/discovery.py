@@ -14,7 +14,8 @@ A cluster of several master shards (docs/scaling.md) has one leader per shard: t
 client asks for shard k's (etcd's `shards/<k>/leader`, or WhoLeads(shard=k), which a
 master of another shard refuses with WRONG_SHARD: it is skipped), and learns the count
 once (`find_shards`: etcd's `shards/count`, absent for a cluster of one shard, or the
-masters' WhoLeads replies).
+masters' WhoLeads replies). A tenant's client of such a cluster also learns its tenant's
+key prefix (`find_key_prefix`): a key's shard is that of the key the masters store.
 
 Either way a record is only an address: the master proves itself when the client
 connects, by its TLS certificate wherever the client holds the cluster's CA (a record
@@ -29,7 +30,16 @@ import grpc
 
 from kvstore.coord.etcd import read_key_sync
 from kvstore.coord.layout import Layout, MasterRecord
-from kvstore.errors import Code, InvalidArgument, PermissionDenied, Unavailable, error_for
+from kvstore.errors import (
+    Code,
+    InvalidArgument,
+    KVStoreError,
+    NotLeader,
+    PermissionDenied,
+    Unavailable,
+    error_for,
+)
+from kvstore.security.access import SEPARATOR, Role
 from kvstore.security.credentials import Credentials
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
@@ -144,3 +154,45 @@ def find_shards(etcd: str, layout: Layout, master: str | None, timeout: float,
         raise InvalidArgument(f"etcd's {layout.shard_count.decode()} holds {raw!r}, not a "
                               "shard count; it is written once by the cluster's first "
                               "master") from None
+
+
+def find_key_prefix(etcd: str, layout: Layout, master: str | None, timeout: float,
+                    creds: Credentials, shards: int) -> bytes:
+    """What the masters put before this client's keys: its token's tenant and the
+    separator (b"team-a/"), or b"" (no token, an admin's or a node's, an open cluster).
+
+    A sharded cluster places a key on the shard of the key it *stores*: a node lists
+    its SSD objects to a shard by that key, and a new leader adopts them by it. So a
+    tenant's client routes `tenant/key`, and learns its tenant once, with one
+    Authenticate (the call any role may make) at the first shard's leader that answers:
+    one shard down does not keep the client from the others."""
+    if not creds.token:
+        return b""
+    why: KVStoreError | None = None
+    for shard in range(shards):
+        try:
+            record = find_leader(etcd, layout.for_shard(shard, shards), master, timeout,
+                                 creds, shard)
+            return _tenant_prefix(record, creds, timeout)
+        except (Unavailable, NotLeader) as exc:
+            why = why or exc
+    raise why or Unavailable(f"a cluster of {shards} shards has no shard to ask for this "
+                             "client's tenant")
+
+
+def _tenant_prefix(record: MasterRecord, creds: Credentials, timeout: float) -> bytes:
+    with creds.grpc_channel(record.address, record.tls, []) as channel:
+        try:
+            reply = pbg.MasterStub(channel).Authenticate(
+                pb.AuthenticateRequest(token=creds.token), timeout=min(timeout, ASK_TIMEOUT),
+                metadata=creds.metadata())
+        except grpc.RpcError as exc:
+            raise Unavailable(
+                f"the master at {record.address} did not say which tenant this client's "
+                f"token belongs to ({exc.code().name}), which a client of several master "
+                "shards needs to route its keys; retry once it answers") from None
+    if reply.error.code:
+        raise error_for(reply.error.code, reply.error.message)
+    if reply.role != Role.CLIENT.value or not reply.tenant:
+        return b""
+    return reply.tenant.encode() + SEPARATOR

@@ -44,6 +44,7 @@ from kvstore_client.control import (
     unreachable_fast,
 )
 from kvstore_client.datapath import Ticket
+from kvstore_client.discovery import find_key_prefix
 from kvstore_client.drive import Pump
 from kvstore_client.misuse import ClientClosed
 from kvstore_client.ops import Answer, Call, Close, Drain, Find, Quick, Sleep
@@ -83,6 +84,9 @@ class Session:
     # `_given_up` their fast addresses given up (shard 0's: `_fast_given_up`).
     _shards = 1
     _counted = False
+    # What the masters put before this client's keys (its token's tenant's prefix), which
+    # a key's shard is hashed over (learned with the count; _fit_state gives it the state).
+    _key_prefix = b""
     _others: dict[int, Control[Any]] | None = None
     _given_up: dict[int, str] | None = None
 
@@ -136,6 +140,11 @@ class Session:
         if not self._counted:
             self._shards = discover_shards(self.etcd, self._layout, self._fixed_master,
                                            self.timeout, self._creds)
+            if self._shards > 1:
+                # A key's shard is that of the key as stored, under the token's tenant.
+                self._key_prefix = find_key_prefix(self.etcd, self._layout,
+                                                   self._fixed_master, self.timeout,
+                                                   self._creds, self._shards)
             self._counted = True
         layout = self._layout if self._shards <= 1 else \
             self._layout.for_shard(shard, self._shards)
@@ -181,10 +190,12 @@ class Session:
 
     def _fit_state(self) -> None:
         """What a client of several shards does not do (yet): start space ahead for puts
-        (a placeholder and the key it becomes must be one shard's; see sharded.py)."""
+        (a placeholder and the key it becomes must be one shard's; see sharded.py); and
+        the key prefix its flows route by."""
         state = getattr(self, "_state", None)
         if state is not None and self._shards > 1:
             state.reservations = None
+            state.key_prefix = self._key_prefix
 
     def _reconnect_quietly(self, shard: int = 0) -> Io[None]:
         with contextlib.suppress(KVStoreError):  # the next attempt reports the failure
@@ -385,7 +396,7 @@ class Session:
         if self._shards > 1:
             if type(key) is not bytes:
                 return quick.SLOW  # the flow converts bytearray and memoryview keys
-            shard = shard_of(key, self._shards)
+            shard = shard_of(self._key_prefix + key, self._shards)
             control = self._channel(shard)
         if control is None:
             return quick.SLOW
@@ -402,7 +413,8 @@ class Session:
 
     def _exists(self, keys: Sequence[bytes]) -> Io[list[bool]]:
         if self._shards > 1:
-            return (yield from self._run(sharded.exists(keys, self._shards)))
+            return (yield from self._run(sharded.exists(keys, self._shards,
+                                                        self._key_prefix)))
         return (yield from self._run(flows.exists(keys)))
 
     def _remove(self, key: bytes) -> Io[bool]:

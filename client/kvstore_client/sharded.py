@@ -9,6 +9,10 @@ part's request is sent before any reply is read, and a part that waits for its b
 lets the others go on. The answers are merged back into the batch's key order; the call
 ends with its slowest part.
 
+A tenant's keys are stored as `tenant/key`, and a node lists its SSD objects to the
+shard of that stored key (a new leader adopts them by it): so every split here routes
+`ClientState.key_prefix` and the key, as the masters' shard check does.
+
 A part that fails (its shard's leader down past the client's timeout, say) fails only
 its own keys, as a lost store node fails only its replicas: a per-key error for a put or
 a get, a miss for a lookup or `exists`. When every part fails, the call raises the first
@@ -65,9 +69,12 @@ LIST_DEFAULT = 100  # keys a ListKeys lists when its request names no limit (the
 Parts = list[tuple[int, list[int]]]  # (shard, the positions of its keys in the batch)
 
 
-def split(keys: Sequence[bytes], shards: int) -> Parts:
-    """The shards a batch touches, each with its keys' positions, in the batch's order."""
-    return [(k, pos) for k, pos in enumerate(positions_by_shard(keys, shards)) if pos]
+def split(keys: Sequence[bytes], shards: int, prefix: bytes = b"") -> Parts:
+    """The shards a batch touches, each with its keys' positions, in the batch's order.
+    A key's shard is that of the key the masters store: `prefix` (the client's tenant's,
+    `ClientState.key_prefix`) and the key."""
+    routed = [prefix + k for k in keys] if prefix else keys
+    return [(k, pos) for k, pos in enumerate(positions_by_shard(routed, shards)) if pos]
 
 
 def fan_out(parts: list[tuple[int, Flow[Any]]]) -> Flow[list[Any]]:
@@ -161,11 +168,11 @@ def _pick(items: Sequence[T], pos: list[int]) -> list[T]:
 # -- the flows ---------------------------------------------------------------------------
 
 
-def exists(keys: Sequence[bytes], shards: int) -> Flow[list[bool]]:
+def exists(keys: Sequence[bytes], shards: int, prefix: bytes = b"") -> Flow[list[bool]]:
     checked = checked_keys(keys)
     if not checked:
         return []
-    parts = split(checked, shards)
+    parts = split(checked, shards, prefix)
     got = yield from fan_out([(k, flows.exists(_pick(checked, pos))) for k, pos in parts])
     return merge(len(checked), parts, got, lambda _e, _i: False)
 
@@ -173,7 +180,7 @@ def exists(keys: Sequence[bytes], shards: int) -> Flow[list[bool]]:
 def remove_many(st: ClientState, keys: Sequence[bytes], force: bool,
                 shards: int) -> Flow[list[Code]]:
     checked = checked_keys(keys)
-    parts = split(checked, shards)
+    parts = split(checked, shards, st.key_prefix)
     got = yield from fan_out([(k, flows.remove_many(st, _pick(checked, pos), force))
                               for k, pos in parts])
     return merge(len(checked), parts, got, lambda e, _i: Code(e.code))
@@ -182,7 +189,7 @@ def remove_many(st: ClientState, keys: Sequence[bytes], force: bool,
 def put_many(st: ClientState, keys: Sequence[bytes], values: Sequence[Any],
              shards: int) -> Flow[list[KVStoreError | None]]:
     checked, views = puts.checked_values(keys, values)
-    parts = split(checked, shards)
+    parts = split(checked, shards, st.key_prefix)
     got = yield from fan_out([
         (k, puts.put_many(st, _pick(checked, pos), _pick(views, pos), st.staging_of(k, shards)))
         for k, pos in parts])
@@ -192,7 +199,7 @@ def put_many(st: ClientState, keys: Sequence[bytes], values: Sequence[Any],
 def put_from(st: ClientState, keys: Sequence[bytes], buffers: Sequence[Any],
              shards: int) -> Flow[list[KVStoreError | None]]:
     checked, srcs = puts.checked_sources(st, keys, buffers)
-    parts = split(checked, shards)
+    parts = split(checked, shards, st.key_prefix)
     got = yield from fan_out([(k, puts.put_sources(st, _pick(checked, pos), _pick(srcs, pos)))
                               for k, pos in parts])
     return merge(len(checked), parts, got, _per_key(checked))
@@ -201,7 +208,7 @@ def put_from(st: ClientState, keys: Sequence[bytes], buffers: Sequence[Any],
 def get_many(st: ClientState, keys: Sequence[bytes],
              shards: int) -> Flow[list[bytes | KVStoreError]]:
     checked = checked_keys(keys)
-    parts = split(checked, shards)
+    parts = split(checked, shards, st.key_prefix)
     got = yield from fan_out([(k, gets.get_many(st, _pick(checked, pos), st.staging_of(k, shards)))
                               for k, pos in parts])
     return merge(len(checked), parts, got, _per_key(checked))
@@ -220,7 +227,7 @@ def get_into(st: ClientState, keys: Sequence[bytes], buffers: Sequence[Any],
     # came here alone) cannot be shown to the shards: each part is read under a short
     # lease of its own, as without one.
     held = lease_parts(st, lease) if lease is not None else None
-    for k, pos in split(checked, shards):
+    for k, pos in split(checked, shards, st.key_prefix):
         part_lease = None
         if held is not None:
             part = held.get(k)
@@ -254,7 +261,7 @@ def lookup(st: ClientState, keys: Sequence[bytes], ttl: float | None,
            shards: int) -> Flow[Lease]:
     """Pin the longest present prefix of `keys` over every shard (see the module doc)."""
     checked = checked_keys(keys)
-    parts = split(checked, shards)
+    parts = split(checked, shards, st.key_prefix)
     sent = st.now()
     if not parts:
         return _lease(st, [], {}, sent)
@@ -342,9 +349,9 @@ def release(st: ClientState, lease: Lease, keep_first: int | None,
     keeps = {k: 0 for k in held}
     whole: dict[int, int] = {}
     if keep_first:
-        for k, pos in split(lease.keys[:keep_first], shards):
+        for k, pos in split(lease.keys[:keep_first], shards, st.key_prefix):
             keeps[k] = len(pos)
-        whole = {k: len(pos) for k, pos in split(lease.keys, shards)}
+        whole = {k: len(pos) for k, pos in split(lease.keys, shards, st.key_prefix)}
     asked = []
     for k, part in held.items():
         req = pb.ReleaseLeaseRequest(lease_id=part.id)

@@ -132,6 +132,10 @@ class ClientState(DataPath):
         self.stagings: dict[int, Staging] = {}
         # Leases over several shards this client holds: their id -> their parts.
         self.shard_leases: dict[int, dict[int, LeasePart]] = {}
+        # What the masters put before this client's keys (its token's tenant, b"team-a/";
+        # b"" without one): on several shards a key's shard is that of the key as stored,
+        # so the client routes this prefix and the key (learned at the first connect).
+        self.key_prefix = b""
         self._lease_names = itertools.count(secrets.randbits(48) + 1)
         self.staging = staging
         self.records = RecordArea(transfer)

@@ -104,14 +104,19 @@ def _fill_object(m: pb.ObjectInfo, info: ObjectInfo, now: float) -> None:
     m.writer = info.writer
 
 
-def foreign_keys(request: Any, spec: ShardSpec) -> list[bytes]:
+def foreign_keys(request: Any, spec: ShardSpec, prefix: bytes = b"") -> list[bytes]:
     """The keys (and placeholders) of `request` that are not `spec`'s shard's, as the
-    client names them (before any tenant prefix: the client hashes what it sends)."""
+    client names them. A key's shard is that of the key the master stores, `prefix` (the
+    caller's tenant's) and the key: what a node's inventory lists a shard by and a new
+    leader adopts by, so a tenant's client routes its prefixed keys too."""
     out: list[bytes] = []
     for field in ("keys", "placeholders"):
         keys = getattr(request, field, None)
         if keys:
-            out.extend(k for k in keys if not spec.owns(k))
+            if prefix:
+                out.extend(k for k in keys if not spec.owns(prefix + k))
+            else:
+                out.extend(k for k in keys if not spec.owns(k))
     return out
 
 
@@ -228,12 +233,15 @@ class MasterService(pbg.MasterServicer):
 
     def _check_shard(self, request: Any) -> None:
         """Refuse, as a whole, a call naming any key of another shard (one xxh3 per key)."""
-        foreign = foreign_keys(request, self.shard)
+        prefix = self._caller.prefix
+        foreign = foreign_keys(request, self.shard, prefix)
         if foreign:
+            stored = f"{prefix.decode(errors='replace')}key" if prefix else "key"
             raise WrongShard(
                 f"{len(foreign)} key(s) of this call, such as {foreign[0][:64]!r}, are not "
                 f"shard {self.shard.index}'s of {self.shard.count}: route each key to the "
-                f"master of shard xxh3_64(key) % {self.shard.count}")
+                f"master of shard xxh3_64({stored}) % {self.shard.count}"
+                + (" (the key as stored, with this token's tenant prefix)" if prefix else ""))
 
     def settle(self, method: str, reply: Any) -> asyncio.Future[None] | None:
         """What `reply` must wait for before it leaves (None: nothing). Both transports

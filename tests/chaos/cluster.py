@@ -1,4 +1,5 @@
-"""The chaos cluster: etcd, two masters, three store nodes, all under one `Supervisor`.
+"""The chaos cluster: etcd, two masters per master shard, three store nodes, all under
+one `Supervisor`.
 
 Built the way tests/conftest.py's `Cluster` and tests/faults/scenarios.py build theirs
 (kvstore.devcluster's etcd_command/free_port, one log per daemon), with the daemons'
@@ -14,11 +15,18 @@ end survives the node's deaths. etcd and the masters listen on SERVICE_HOST, an 
 on our loopback device that both namespaces reach; off 127.0.0.1 the daemons need
 --insecure, and these namespaces are ours alone. Everything stays inside the caller's
 private network namespace.
+
+With `shards=N` (N > 1) the control plane is N master shards (`--shard K/N`,
+docs/scaling.md), a leader and a standby each. The calls at "the leader" then go to the
+leader of each key's shard (Inspect) or of every shard, their replies summed as the
+admin CLI sums them (ClusterStatus, NodeList, Evict, SetDraining); a node counts as alive
+only once every shard's leader has it mounted.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -36,6 +44,7 @@ from kvstore.coord.etcd import read_key_sync
 from kvstore.coord.layout import Layout, MasterRecord
 from kvstore.devcluster import etcd_command, free_port
 from kvstore.errors import KVStoreError
+from kvstore.shards import positions_by_shard
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
 from tests.chaos.ledger import Copy
@@ -76,12 +85,14 @@ class StoreSpec:
 
 
 class ChaosCluster:
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, shards: int = 1) -> None:
         self.dir = workdir
+        self.shards = shards
         self.sup = Supervisor()
         self.etcd_port = 0
         self.etcd: Daemon | None = None
         self.masters: list[Daemon] = []
+        self.by_shard: dict[int, list[Daemon]] = {}  # shard -> its masters
         self.stores: list[Daemon] = []
         self.specs: dict[str, StoreSpec] = {}
         self.layout = Layout()
@@ -89,7 +100,7 @@ class ChaosCluster:
         self._holder: subprocess.Popen[bytes] | None = None
         self._stack = contextlib.ExitStack()
         self.data_dir_flag = False
-        self._last_leader = ""
+        self._last_leader: dict[int, str] = {}  # shard -> the last leader address seen
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -114,8 +125,9 @@ class ChaosCluster:
         self.data_dir_flag = store_has_flag("--data-dir")
         self._isolate_namespace()
         self._start_etcd()
-        for i in range(2):
-            self._start_master(i)
+        for k in range(self.shards):
+            for _ in range(2):
+                self._start_master(k)
         self._start_store(StoreSpec("node-0", self.dir / "ssd-0", None, False))
         self._start_store(StoreSpec("node-1", self.dir / "ssd-1", None, False))
         self._start_store(StoreSpec("node-2", None,
@@ -146,10 +158,17 @@ class ChaosCluster:
         self.etcd = self.sup.add("etcd", cmd, self.dir / "logs" / "etcd.log")
         self.wait("etcd serving", lambda: self._port_open(port), 30)
 
-    def _start_master(self, i: int) -> None:
+    def _start_master(self, shard: int) -> None:
         cmd = [sys.executable, "-m", "kvstore", "master", "--etcd", self.endpoint,
                "--listen", f"{SERVICE_HOST}:{free_port()}", "--insecure"]
-        self.masters.append(self.sup.add(f"master-{i}", cmd, self.dir / "logs" / f"master-{i}.log"))
+        if self.shards > 1:
+            cmd += ["--shard", f"{shard}/{self.shards}"]
+        # One shard keeps the names it always had (master-0, master-1).
+        i = len(self.masters)
+        name = f"master-{i}" if self.shards == 1 else f"master-s{shard}-{i % 2}"
+        d = self.sup.add(name, cmd, self.dir / "logs" / f"{name}.log")
+        self.masters.append(d)
+        self.by_shard.setdefault(shard, []).append(d)
 
     def _start_store(self, spec: StoreSpec) -> None:
         cmd = [sys.executable, "-m", "kvstore", "store", "--etcd", self.endpoint, "--dram", DRAM]
@@ -180,23 +199,26 @@ class ChaosCluster:
         found = _ANNOUNCED.findall(d.output())
         return found[-1] if found else ""
 
-    def leader_record(self) -> MasterRecord:
-        raw = read_key_sync(self.endpoint, self.layout.leader, timeout=ADMIN_TIMEOUT)
+    def leader_record(self, shard: int = 0) -> MasterRecord:
+        layout = self.layout if self.shards == 1 else self.layout.for_shard(shard, self.shards)
+        raw = read_key_sync(self.endpoint, layout.leader, timeout=ADMIN_TIMEOUT)
         if raw is None:
-            raise LookupError("no leader in etcd")
+            raise LookupError("no leader in etcd" + (f" for shard {shard}" if self.shards > 1
+                                                    else ""))
         return MasterRecord.decode(raw)
 
-    def leader(self) -> Daemon:
-        """The master daemon whose process etcd names as leader."""
-        rec = self.leader_record()
-        for d in self.masters:
+    def leader(self, shard: int = 0) -> Daemon:
+        """The master daemon whose process etcd names as leader (of `shard`)."""
+        rec = self.leader_record(shard)
+        for d in self.by_shard[shard]:
             if d.pid == rec.pid and d.alive():
                 return d
-        raise LookupError(f"the leader in etcd (pid {rec.pid}) is not a live master of ours")
+        raise LookupError(f"the leader in etcd (pid {rec.pid}) is not a live master of ours"
+                          + (f" of shard {shard}" if self.shards > 1 else ""))
 
-    def standby(self) -> Daemon:
-        lead = self.leader()
-        return next(d for d in self.masters if d is not lead)
+    def standby(self, shard: int = 0) -> Daemon:
+        lead = self.leader(shard)
+        return next(d for d in self.by_shard[shard] if d is not lead)
 
     def isolated(self) -> Daemon:
         return next(d for d in self.stores if self.specs[d.name].isolated)
@@ -206,48 +228,98 @@ class ChaosCluster:
 
     # -- calls at the leader -------------------------------------------------------------
 
-    def admin(self, method: str, request: Any, timeout: float = ADMIN_TIMEOUT) -> Any:
+    def admin(self, method: str, request: Any, timeout: float = ADMIN_TIMEOUT,
+              shard: int = 0) -> Any:
+        """`method` at shard `shard`'s leader (the only one with one shard)."""
         # While etcd is down the last leader seen is asked: it may still serve, and the
         # placements of what was written just before the outage are wanted then.
         try:
-            address = self._last_leader = self.leader_record().address
+            address = self.leader_record(shard).address
+            self._last_leader[shard] = address
         except KVStoreError:
-            if not self._last_leader:
+            if not self._last_leader.get(shard):
                 raise
-            address = self._last_leader
+            address = self._last_leader[shard]
         with grpc.insecure_channel(address) as ch:
             reply = getattr(pbg.MasterStub(ch), method)(request, timeout=timeout)
         if reply.error.code:
             raise LookupError(f"{method} at {address}: {reply.error.message}")
         return reply
 
+    def admin_all(self, method: str, request: Any) -> list[Any]:
+        """`method` at every shard's leader, in shard order (an operator's evict or drain
+        reaches each shard's part of every node)."""
+        return [self.admin(method, request, shard=k) for k in range(self.shards)]
+
     def status(self) -> pb.ClusterStatusResponse:
-        return self.admin("ClusterStatus", pb.ClusterStatusRequest())
+        """The leader's status; with shards, every shard's summed where the checks read it
+        (PENDING objects, leases, the counters)."""
+        replies = self.admin_all("ClusterStatus", pb.ClusterStatusRequest())
+        if self.shards == 1:
+            return replies[0]
+        counters: dict[str, float] = {}
+        for r in replies:
+            for name, v in json.loads(r.counters_json or "{}").items():
+                if isinstance(v, int | float):
+                    counters[name] = counters.get(name, 0) + v
+        return pb.ClusterStatusResponse(
+            objects_complete=sum(r.objects_complete for r in replies),
+            objects_pending=sum(r.objects_pending for r in replies),
+            active_leases=sum(r.active_leases for r in replies),
+            counters_json=json.dumps(counters), shards=self.shards)
 
     def node_list(self) -> list[pb.NodeInfo]:
-        return list(self.admin("NodeList", pb.NodeListRequest()).nodes)
+        """The nodes the leader lists; with shards, one entry per node over every shard's
+        leader: alive only where every shard has it alive (a node serves every shard),
+        its objects and objects lost summed (each shard counts its own)."""
+        lists = [list(r.nodes) for r in self.admin_all("NodeList", pb.NodeListRequest())]
+        if self.shards == 1:
+            return lists[0]
+        merged: dict[str, pb.NodeInfo] = {}
+        seen: dict[str, int] = {}
+        for nodes in lists:
+            for n in nodes:
+                seen[n.node_id] = seen.get(n.node_id, 0) + 1
+                m = merged.get(n.node_id)
+                if m is None:
+                    merged[n.node_id] = pb.NodeInfo(node_id=n.node_id, state=n.state,
+                                                    objects=n.objects,
+                                                    objects_lost=n.objects_lost)
+                    continue
+                m.objects += n.objects
+                m.objects_lost += n.objects_lost
+                if n.state != "alive":
+                    m.state = n.state
+        for node_id, m in merged.items():
+            if seen[node_id] < self.shards and m.state == "alive":
+                m.state = "mounting"  # not (yet) mounted at every shard's leader
+        return list(merged.values())
 
     def alive_nodes(self) -> set[str]:
         return {n.node_id for n in self.node_list() if n.state == "alive"}
 
     def placement(self, keys: list[bytes]) -> dict[bytes, frozenset[Copy]]:
-        """Where the leader says each key's copies are; keys it does not index are absent."""
+        """Where the leader (of each key's shard) says each key's copies are; keys it does
+        not index are absent."""
         out: dict[bytes, frozenset[Copy]] = {}
-        for lo in range(0, len(keys), 500):
-            part = keys[lo:lo + 500]
-            reply = self.admin("Inspect", pb.KeysRequest(keys=part))
-            for key, item in zip(part, reply.items, strict=True):
-                if item.code == 0 and item.object.replicas:
-                    out[key] = frozenset(Copy(r.node_id, r.tier or "dram")
-                                         for r in item.object.replicas)
+        for shard, pos in enumerate(positions_by_shard(keys, self.shards)):
+            of_shard = [keys[i] for i in pos]
+            for lo in range(0, len(of_shard), 500):
+                part = of_shard[lo:lo + 500]
+                reply = self.admin("Inspect", pb.KeysRequest(keys=part), shard=shard)
+                for key, item in zip(part, reply.items, strict=True):
+                    if item.code == 0 and item.object.replicas:
+                        out[key] = frozenset(Copy(r.node_id, r.tier or "dram")
+                                             for r in item.object.replicas)
         return out
 
     def full_strength(self) -> bool:
-        """Every daemon runs, a live master of ours leads, and the three current store
-        incarnations are mounted and alive at it."""
+        """Every daemon runs, a live master of ours leads (each shard), and the three
+        current store incarnations are mounted and alive at it (at each shard's)."""
         if not all(d.alive() for d in self.sup.daemons):
             return False
-        self.leader()
+        for k in range(self.shards):
+            self.leader(k)
         ids = {self.node_id(d) for d in self.stores}
         return "" not in ids and ids <= self.alive_nodes()
 
@@ -291,8 +363,8 @@ class ChaosCluster:
 
 
 @contextlib.contextmanager
-def chaos_cluster(workdir: Path) -> Iterator[ChaosCluster]:
-    c = ChaosCluster(workdir)
+def chaos_cluster(workdir: Path, shards: int = 1) -> Iterator[ChaosCluster]:
+    c = ChaosCluster(workdir, shards)
     try:
         c.start()
         yield c

@@ -3,6 +3,7 @@ accounted for.
 
     python -m tests.chaos.driver --seed 7 --rounds 40          # as root; or `make chaos`
     python -m tests.chaos.driver --seed 7 --events kill9-leader,etcd-down-long --rounds 4
+    python -m tests.chaos.driver --seed 7 --rounds 40 --shards 2  # 2 master shards
 
 The seed is printed first; the same seed draws the same events, targets, durations and
 pauses again (the timing of the processes themselves is not replayable). One round: a
@@ -28,6 +29,12 @@ drawn); then, while the traffic goes on, the checks:
 At the end the traffic stops, every object is read back once more, and the leader must
 hold no lease and no PENDING object within LEAK_BOUND s (puts cut short are reclaimed
 after the master's 30 s put timeout; leases end after their 10 s TTL).
+
+With `--shards N` the control plane is N master shards, a leader and a standby each
+(cluster.py): the clients route each key to its shard, the checks ask each key's shard
+where it is and sum every shard's counters, and a master event draws its shard
+(`kill9-leader` and `term-leader` one shard's leader or every shard's at once; events.py).
+The same seed with another shard count draws other targets.
 
 Runs only in a private network namespace (re-executes itself under `unshare -n` as root)
 and stops by itself: every call is bounded by the clients' timeout and every wait by a
@@ -160,13 +167,13 @@ def details(report: Report) -> str:
 
 class Run:
     def __init__(self, seed: int, rounds: int, workdir: Path, events: list[str] | None = None,
-                 max_seconds: float = 0.0, log: Any = print) -> None:
+                 max_seconds: float = 0.0, log: Any = print, shards: int = 1) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.n_rounds = rounds
         self.events = events
         self.max_seconds = max_seconds or START_BOUND + rounds * 120.0
-        self.c = ChaosCluster(workdir)
+        self.c = ChaosCluster(workdir, shards)
         self.ledger = Ledger()
         self.report = Report(seed)
         self.log = log
@@ -187,6 +194,9 @@ class Run:
         try:
             self.c.start()
             self.c.wait("the cluster at full strength", self.c.full_strength, START_BOUND)
+            if self.c.shards > 1:
+                self.report.notes.append(f"{self.c.shards} master shards, a leader and a "
+                                         "standby each")
             self.report.notes.append(
                 "store flags: node-0, node-1 --ssd-dir --ssd 64MiB; node-2 "
                 + ("--data-dir" if self.c.data_dir_flag else "no data dir (the store has no "
@@ -251,16 +261,16 @@ class Run:
         from kvstore_client import KVStoreClient
 
         node2 = self.c.node_id(self.c.isolated())
-        self.c.admin("SetDraining", pb.SetDrainingRequest(node_id=node2, draining=True))
+        self.c.admin_all("SetDraining", pb.SetDrainingRequest(node_id=node2, draining=True))
         keys = [f"cold{self.seed}-{i}".encode() for i in range(COLD)]
         with KVStoreClient(etcd=self.c.endpoint, timeout=TIMEOUT, same_host=False) as client:
             errs = client.put_many(keys, [value_for(k) for k in keys])
-        self.c.admin("SetDraining", pb.SetDrainingRequest(node_id=node2, draining=False))
+        self.c.admin_all("SetDraining", pb.SetDrainingRequest(node_id=node2, draining=False))
         acked = [k for k, e in zip(keys, errs, strict=True) if e is None]
         now = time.monotonic()
         for k in acked:
             self.ledger.acked(k, now, 1, cold=True)
-        self.c.admin("Evict", pb.EvictRequest(ratio=0.0))
+        self.c.admin_all("Evict", pb.EvictRequest(ratio=0.0))
 
         def demoted() -> bool:
             where = self.c.placement(acked)
@@ -561,23 +571,29 @@ def main(argv: list[str] | None = None) -> int:
                    help="start no event after this (default: 120 + 120 per round)")
     p.add_argument("--dir", default="", help="work directory (default: a temporary one)")
     p.add_argument("--json", default="", help="write the report here")
+    p.add_argument("--shards", type=int, default=1,
+                   help="master shards, a leader and a standby each (default 1)")
     args = p.parse_args(argv)
     events = [e for e in args.events.split(",") if e]
     unknown = [e for e in events if e not in EVENTS]
     if unknown:
         p.error(f"unknown events {unknown}; choose from {list(EVENTS)}")
+    if not 1 <= args.shards <= 8:
+        p.error(f"--shards {args.shards}: give 1 to 8 master shards (two masters each share "
+                "this host's cores with the nodes and the traffic)")
     from bench.netns import ensure_private_netns
 
     ensure_private_netns("tests.chaos.driver")
     seed = args.seed if args.seed >= 0 else random.SystemRandom().randrange(1 << 31)
     print(f"chaos seed {seed} (replay: python -m tests.chaos.driver --seed {seed} "
-          f"--rounds {args.rounds}{' --events ' + args.events if events else ''})", flush=True)
+          f"--rounds {args.rounds}{' --events ' + args.events if events else ''}"
+          f"{f' --shards {args.shards}' if args.shards > 1 else ''})", flush=True)
     with contextlib.ExitStack() as stack:
         work = Path(args.dir) if args.dir else Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix=f"kvstore-chaos-{seed}-")))
         work.mkdir(parents=True, exist_ok=True)
         report = Run(seed, args.rounds, work, events or None, args.max_seconds,
-                     log=lambda s: print(s, flush=True)).run()
+                     log=lambda s: print(s, flush=True), shards=args.shards).run()
     print(table(report))
     print(details(report))
     problems = report.all_problems()

@@ -10,6 +10,11 @@ Placements are asked for right after a store node is signalled and before anythi
 (`place`): the leader still lists the dead node's copies then, since a restarted node
 takes seconds to mount, so the objects written just before the kill have a known
 placement too.
+
+With several master shards a master event draws its target from the seeded RNG: the
+kill -9 or SIGTERM of the leader hits one shard's leader or every shard's at once (each
+shard then fails over on its own, side by side), a standby's and SIGSTOP of the leader
+one shard's. With one shard nothing is drawn, so a seed draws what it always drew.
 """
 
 from __future__ import annotations
@@ -47,14 +52,30 @@ class Ctx:
     place: Callable[[], None]  # ask the leader where the unplaced keys are
 
 
+def _shards(ctx: Ctx, every: bool) -> list[int]:
+    """The shards a master event hits: shard 0 with one shard; with several, one drawn
+    shard, or (`every` allowed) every shard for half the draws."""
+    n = ctx.cluster.shards
+    if n == 1:
+        return [0]
+    if every and ctx.rng.random() < 0.5:
+        return list(range(n))
+    return [ctx.rng.randrange(n)]
+
+
 def _signal_master(ctx: Ctx, which: str, sig: int, name: str) -> Applied:
     c = ctx.cluster
-    d = c.leader() if which == "leader" else c.standby()
+    shards = _shards(ctx, every=which == "leader")
+    targets = [c.leader(k) if which == "leader" else c.standby(k) for k in shards]
     t = time.monotonic()
-    pid = c.sup.signal(d, sig)
-    a = Applied(name, f"{signal.Signals(sig).name} {which} {d.name} (pid {pid})", t)
+    pids = [c.sup.signal(d, sig) for d in targets]
+    what = ", ".join(f"{d.name} (pid {pid})" for d, pid in zip(targets, pids, strict=True))
+    if c.shards > 1:
+        what += (" of every shard" if len(shards) > 1 else f" of shard {shards[0]}")
+    a = Applied(name, f"{signal.Signals(sig).name} {which} {what}", t)
     if sig == signal.SIGTERM:
-        c.sup.wait_exit(d, pid)
+        for d, pid in zip(targets, pids, strict=True):
+            c.sup.wait_exit(d, pid)
     a.ended = time.monotonic() if sig == signal.SIGTERM else t
     return a
 
@@ -131,7 +152,7 @@ def stop_store(ctx: Ctx) -> Applied:
 
 
 def stop_leader(ctx: Ctx) -> Applied:
-    return _stop(ctx, "stop-leader", ctx.cluster.leader(), False)
+    return _stop(ctx, "stop-leader", ctx.cluster.leader(_shards(ctx, every=False)[0]), False)
 
 
 def cut_store(ctx: Ctx) -> Applied:

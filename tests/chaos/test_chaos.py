@@ -3,8 +3,10 @@
 The run: the driver's cluster (default flags), traffic and checks, for three events that
 an operator meets on an ordinary day and that each had lost data (issue 19): kill -9 of
 the leader right after a burst of acknowledged puts, kill -9 of a store node restarted at
-once, and etcd down for twice the daemons' etcd lease. KVSTORE_CHAOS_SEED replays
-another seed; `make chaos` runs long random ones.
+once, and etcd down for twice the daemons' etcd lease. It runs against one master shard and
+against two (the same three events; at two, the kill -9 hits one shard's leader or every
+shard's, as the seed draws). KVSTORE_CHAOS_SEED replays another seed; `make chaos` runs
+long random ones.
 """
 
 from __future__ import annotations
@@ -22,20 +24,24 @@ SEED = int(os.environ.get("KVSTORE_CHAOS_SEED", "19"))
 EVENTS = ["kill9-store-now", "kill9-leader", "etcd-down-long"]
 
 
-def test_seeded_chaos_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shards", [1, 2])
+def test_seeded_chaos_run(tmp_path: Path, shards: int) -> None:
     require_private_netns()
     if os.geteuid() != 0:
         pytest.fail("the chaos run adds a veth pair (root, as `make test` runs)", pytrace=False)
     from tests.chaos.driver import Run, details, table
 
-    print(f"chaos seed {SEED}")
-    report = Run(SEED, len(EVENTS), tmp_path, EVENTS).run()
+    print(f"chaos seed {SEED}, {shards} master shard(s)")
+    report = Run(SEED, len(EVENTS), tmp_path, EVENTS, shards=shards).run()
     print(table(report))
     print(details(report))
     assert len(report.rounds) == len(EVENTS), report.notes
     assert sum(r.checked for r in report.rounds) > 0
     problems = report.all_problems()
-    assert not problems, f"seed {SEED}:\n" + "\n".join(problems)
+    assert not problems, f"seed {SEED}, {shards} shard(s):\n" + "\n".join(problems)
+    if shards > 1:  # the leaders killed were masters of a sharded plane
+        killed = next(r for r in report.rounds if r.kind == "kill9-leader")
+        assert "master-s" in killed.detail, killed.detail
 
 
 # -- the ledger's rule, without processes ---------------------------------------------------

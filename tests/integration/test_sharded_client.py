@@ -5,6 +5,7 @@ key and epoch, and the client routes every key to its shard (docs/scaling.md).""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 import grpc
@@ -12,7 +13,7 @@ import grpc
 from kvstore.shards import shard_of
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
-from kvstore_client import KVStoreClient
+from kvstore_client import AsyncKVStoreClient, KVStoreClient
 from tests.conftest import Cluster
 from tests.unit.polling import wait_until
 
@@ -113,3 +114,32 @@ def test_a_shards_leader_killed_leaves_the_other_serving_and_loses_nothing(
         wait_until(lambda: c.get_many(one) == [values[i] for i in on[1]], timeout=60,
                    what="shard 1's acknowledged keys back")
         assert c.get_many(keys) == values
+
+
+def test_master_addresses_and_the_async_client_find_every_shard(
+        cluster_factory: Cluster) -> None:
+    """`master=` (no etcd): the count and each shard's leader from the masters' WhoLeads
+    replies; the asyncio client routes, pins over both shards and releases as the
+    blocking one does."""
+    leaders = start_sharded(cluster_factory)
+    keys = [f"m-{i}".encode() for i in range(16)]
+    assert {shard_of(k, SHARDS) for k in keys} == {0, 1}
+    with KVStoreClient(master=",".join(leaders), timeout=15) as client:
+        assert client._shards == SHARDS  # from the masters' WhoLeads replies
+        assert client.put_many(keys, [b"by address"] * len(keys)) == [None] * len(keys)
+        assert client.get(keys[3]) == b"by address"
+    held = [cluster_factory.status(a).objects_complete for a in leaders]
+    assert held == [sum(shard_of(k, SHARDS) == s for k in keys) for s in range(SHARDS)]
+
+    async def main() -> list[bytes | None]:
+        async with AsyncKVStoreClient(etcd=cluster_factory.etcd, timeout=15) as store:
+            lease = await store.lookup(keys)
+            assert lease.count == len(keys)
+            # each key pinned once, at its own shard's leader
+            assert [pins(leaders[shard_of(k, SHARDS)], [k])[0] for k in keys] == [1] * len(keys)
+            await store.release(lease)
+            return await store.get_many(keys)
+
+    assert asyncio.run(main()) == [b"by address"] * len(keys)
+    wait_until(lambda: not any(cluster_factory.status(a).active_leases for a in leaders),
+               timeout=30, what="the async client's lease released on both shards")

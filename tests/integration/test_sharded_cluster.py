@@ -8,16 +8,23 @@ cluster as one. tests/integration/test_sharded_client.py drives it through the c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import grpc
 
+from kvstore.coord.etcd import read_items_sync
+from kvstore.coord.layout import Layout, NodeRecord
+from kvstore.security.access import new_token, token_hash
 from kvstore.shards import ShardSpec, shard_of
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
+from kvstore.v1 import store_pb2 as spb
+from kvstore.v1 import store_pb2_grpc as spbg
 from kvstore_client import KVStoreClient
 from tests.conftest import Cluster
 from tests.unit.polling import wait_until
@@ -120,3 +127,102 @@ def test_a_shards_leader_killed_leaves_the_other_serving_and_its_keys_come_back(
     assert c.status(address).objects_complete == 50
     assert put(c.master_of(0), keys_of(0, 5, "z-late")) == [0] * 5
     assert c.status(shard=0).objects_complete == 75
+
+
+# -- a tenant's keys on two shards ---------------------------------------------------------
+
+TENANT_TTL = 2  # s: the masters' etcd lease here, so that a standby takes over quickly
+
+
+def test_a_tenants_ssd_objects_are_adopted_by_the_shard_its_client_asks(
+        cluster_factory: Cluster, tmp_path: Path) -> None:
+    """A tenant's keys are stored as `tenant/key`, and every shard hashes what it stores
+    (a node lists a shard the SSD objects whose stored key hashes to it): so the client
+    must route `tenant/key` too, or a new leader adopts the tenant's SSD objects at the
+    shard the client does not ask, and they read as misses."""
+    c = cluster_factory
+    tokens = {name: new_token() for name in ("alice", "ops", "nodes")}
+    access = {"tenants": {"a": {}}, "tokens": [
+        {"name": "alice", "role": "client", "tenant": "a", "sha256": token_hash(tokens["alice"])},
+        {"name": "ops", "role": "admin", "sha256": token_hash(tokens["ops"])},
+        {"name": "nodes", "role": "node", "sha256": token_hash(tokens["nodes"])}]}
+    (tmp_path / "access.json").write_text(json.dumps(access))
+    (tmp_path / "node.token").write_text(tokens["nodes"])
+    flags = ["--auth-file", str(tmp_path / "access.json"),
+             "--token-file", str(tmp_path / "node.token")]
+    c.shards = SHARDS
+    ttl = ("--etcd-lease-ttl", str(TENANT_TTL))
+    first = [c.start_master(*flags, *ttl, shard=k) for k in range(SHARDS)]
+    (tmp_path / "ssd").mkdir()
+    c.start_store("64MiB", "--ssd-dir", str(tmp_path / "ssd"), "--ssd", "64MiB", *flags)
+    admin = [("authorization", f"Bearer {tokens['ops']}")]
+
+    def status(address: str) -> pb.ClusterStatusResponse:
+        with grpc.insecure_channel(address) as ch:
+            reply = pbg.MasterStub(ch).ClusterStatus(pb.ClusterStatusRequest(), timeout=5,
+                                                     metadata=admin)
+        assert not reply.error.code, reply.error.message
+        return reply  # type: ignore[no-any-return]
+
+    def objects(address: str, tier: str) -> int:
+        return sum(n.objects for n in status(address).nodes if n.tier == tier)
+
+    def mounted(address: str) -> bool:
+        with contextlib.suppress(grpc.RpcError, AssertionError):
+            return {n.tier for n in status(address).nodes} == {"dram", "ssd"}
+        return False
+
+    for address in first:
+        wait_until(lambda a=address: mounted(a), timeout=60,  # type: ignore[misc]
+                   what=lambda: f"the node mounted at every shard; logs:\n{c.logs()}")
+    second = [c.start_master(*flags, *ttl, shard=k) for k in range(SHARDS)]
+    # Keys whose shard changes with the tenant's prefix, and keys whose shard does not.
+    moved = [k for k in (f"t-{i}".encode() for i in range(400))
+             if shard_of(k, SHARDS) != shard_of(b"a/" + k, SHARDS)][:24]
+    stayed = [k for k in (f"t-{i}".encode() for i in range(400))
+              if shard_of(k, SHARDS) == shard_of(b"a/" + k, SHARDS)][:8]
+    keys = moved + stayed
+    values = [k * 200 for k in keys]
+    with KVStoreClient(etcd=c.etcd, token=tokens["alice"], timeout=15) as client:
+        assert client.put_many(keys, values) == [None] * len(keys)
+        # An operator's evict to 0 demotes every DRAM object to the node's SSD tier.
+        for address in first:
+            with grpc.insecure_channel(address) as ch:
+                reply = pbg.MasterStub(ch).Evict(pb.EvictRequest(ratio=0.0), timeout=10,
+                                                 metadata=admin)
+            assert not reply.error.code, reply.error.message
+        wait_until(lambda: sum(objects(a, "ssd") for a in first) == len(keys)
+                   and sum(objects(a, "dram") for a in first) == 0, timeout=30,
+                   what=lambda: f"every object demoted to SSD; logs:\n{c.logs()}")
+    # The freed DRAM copies leave the node's inventories with the leaders' next deltas:
+    # until then a new leader would adopt them too, and read the keys from DRAM.
+    node = NodeRecord.decode(read_items_sync(c.etcd, Layout().nodes)[0][1])
+
+    def inventory(shard: int) -> list[spb.Replica]:
+        with grpc.insecure_channel(node.service) as ch:
+            reply = spbg.StoreNodeStub(ch).Inventory(spb.InventoryRequest(
+                epoch=status(first[shard]).epoch, shard=shard, shards=SHARDS), timeout=5,
+                metadata=[("authorization", f"Bearer {tokens['nodes']}")])
+        assert not reply.error.code, reply.error.message
+        return list(reply.replicas)
+
+    wait_until(lambda: all(r.tier == "ssd" for k in range(SHARDS) for r in inventory(k)),
+               timeout=30, what="the node's inventories hold the SSD copies only")
+    assert sum(len(inventory(k)) for k in range(SHARDS)) == len(keys)
+    # kill -9 of every shard's leader: each standby adopts its shard's SSD objects from
+    # the node's inventory.
+    procs = {a: p for p, a in c.masters}
+    for address in first:
+        procs[address].kill(signal.SIGKILL)
+    for address in second:
+        wait_until(lambda a=address: mounted(a)  # type: ignore[misc]
+                   and objects(a, "ssd") + objects(a, "dram") > 0, timeout=60,
+                   what=lambda: f"a standby leads and adopted; logs:\n{c.logs()}")
+    wait_until(lambda: sum(objects(a, "ssd") for a in second) == len(keys), timeout=30,
+               what=lambda: "every SSD object adopted by one shard or the other: "
+               f"{[(objects(a, 'dram'), objects(a, 'ssd')) for a in second]} (DRAM, SSD) "
+               f"per shard; logs:\n{c.logs()}")
+    with KVStoreClient(etcd=c.etcd, token=tokens["alice"], timeout=15) as client:
+        found = client.exists(keys)
+        assert [k for k, f in zip(keys, found, strict=True) if not f] == []
+        assert client.get_many(keys) == values
