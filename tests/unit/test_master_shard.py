@@ -64,6 +64,15 @@ def test_foreign_keys_are_those_of_other_shards() -> None:
     assert foreign_keys(pb.PutCommitRequest(keys=mine, placeholders=other), spec) == other
 
 
+def test_a_tenants_keys_belong_to_the_shard_of_the_key_as_stored() -> None:
+    spec, prefix = ShardSpec(0, 2), b"acme/"
+    keys = [b"k%d" % i for i in range(64)]
+    moved = [k for k in keys if spec.owns(k) != spec.owns(prefix + k)]
+    assert moved, "some keys must change shard with the prefix for this test to mean much"
+    assert foreign_keys(pb.KeysRequest(keys=keys), spec, prefix) == [
+        k for k in keys if not spec.owns(prefix + k)]
+
+
 def test_node_requests_carry_the_shard() -> None:
     assert apply_request(7, [], shard=3).shard == 3
     assert apply_request(7, []).shard == 0
