@@ -51,6 +51,11 @@ DEFAULT_BUDGET = 32 << 20  # bytes of placeholders a client holds at most
 # Batches' worth of placeholders kept per shape: a put takes what was granted before the
 # last one, so the refill asked after the last put is still free to arrive meanwhile.
 DEPTH = 2
+# A shape whose DEPTH batches are fewer placeholders than this is refilled up to this
+# many at once, when it runs below DEPTH batches: a stream of single puts then asks
+# once per that many puts, not once per put (each ask is a control call and a delta to
+# the node for the master).
+REFILL_TO = 16
 MAX_AGE = 5.0  # seconds after its PutStart was sent that a placeholder is still written
 PREFIX = b"~put/"
 
@@ -161,9 +166,13 @@ class Reservations:
             shape = (size, replicas)
             if self._cool and self._cool.get(shape, 0.0) > self.clock.now():
                 continue  # refused lately (see granted)
-            missing = DEPTH * n - len(self._pool.get(shape, ())) - self._asked[shape]
+            have = len(self._pool.get(shape, ())) + self._asked[shape]
+            missing = DEPTH * n - have
             if missing <= 0:
                 continue
+            if REFILL_TO - have > missing and \
+                    self.held + (REFILL_TO - have) * size * copies <= self.budget:
+                missing = REFILL_TO - have  # small batches: refill in one go (REFILL_TO)
             need = missing * size * copies
             if self.held + need > self.budget:
                 self._shrink(need)

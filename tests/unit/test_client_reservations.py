@@ -50,6 +50,13 @@ class ReservingRig(DriverRig):
         return [k for k in self.master.pending if k.startswith(reservations.PREFIX)]
 
 
+@pytest.fixture(autouse=True)
+def _depth_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests count placeholders by DEPTH batches; the refill of small batches in
+    one go (REFILL_TO) has a test of its own, which turns it back on."""
+    monkeypatch.setattr(reservations, "REFILL_TO", 0)
+
+
 @pytest.fixture
 def rig(monkeypatch: pytest.MonkeyPatch) -> Iterator[ReservingRig]:
     small_thresholds(monkeypatch)
@@ -390,3 +397,29 @@ def test_too_few_replicas_are_revoked_and_the_shape_rests() -> None:
     rs.granted(asked, 2, reply, time.monotonic())
     assert len(rs) == 0 and sorted(rs.expired()) == sorted(k for k, _ in asked)
     assert _ask(rs, [SIZE], 2) is None
+
+
+def test_single_puts_refill_their_placeholders_in_one_go(
+        rig: ReservingRig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream of single puts asks for REFILL_TO placeholders when it runs below DEPTH,
+    not for one more per put: one PutStart per that many puts."""
+    monkeypatch.setattr(reservations, "REFILL_TO", 8)
+    rs = Reservations("w", 1 << 20)
+    asked = _ask(rs, [SIZE], 1)
+    assert asked is not None and len(asked) == 8
+    reply = pb.PutStartResponse(epoch=1)
+    for _ in asked:
+        reply.items.add().locations.add(node_id="n", segment="s", addr=64, size=SIZE)
+    rs.granted(asked, 1, reply, time.monotonic())
+    asks = 0
+    for _ in range(6):  # the pool stays at or above DEPTH: nothing asked
+        assert rs.take([SIZE], 1) is not None
+        asks += _ask(rs, [SIZE], 1) is not None
+    assert asks == 0 and len(rs) == 2
+    assert rs.take([SIZE], 1) is not None
+    again = _ask(rs, [SIZE], 1)  # below DEPTH: refilled up to REFILL_TO at once
+    assert again is not None and len(again) == 7
+    # Over the budget, only DEPTH batches are asked for.
+    small = Reservations("w", DEPTH * SIZE)
+    tight = _ask(small, [SIZE], 1)
+    assert tight is not None and len(tight) == DEPTH
