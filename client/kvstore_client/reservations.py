@@ -33,7 +33,9 @@ way. It keeps, per (size, replicas), DEPTH times as many placeholders as the las
 of that shape used: a put takes placeholders granted before the previous put, so the
 refill asked after the previous put has the whole transfer to arrive, and its reply is
 already waiting when the commit is sent. A steady stream of same-shaped batches (vLLM's
-KV blocks) always finds them.
+KV blocks) always finds them. Small batches (single puts) refill up to REFILL_TO
+placeholders at once when they run low, so that their PutStart, and the intents it
+sends to the node, are shared by many puts.
 """
 
 from __future__ import annotations
