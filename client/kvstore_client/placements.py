@@ -70,6 +70,17 @@ class Placements:
         seen[key] = Seen(epoch, placement, size, checksum, segment, node_id, addr,
                          self.clock.now() if now is None else now)
 
+    def learn_many(self, learned: list[tuple[bytes, Seen]]) -> None:
+        """`learn` for a batch, each key with what was seen of it (oldest first)."""
+        if not self.capacity:
+            return
+        seen, capacity = self._seen, self.capacity
+        for key, s in learned:
+            if s.placement:
+                if seen.pop(key, None) is None and len(seen) >= capacity:
+                    del seen[next(iter(seen))]  # the oldest learned
+                seen[key] = s
+
     def learn_item(self, key: bytes, epoch: int, item: object) -> None:
         """From a ReadItem that answered OK (its first location is readable: in DRAM)."""
         locs = item.locations  # type: ignore[attr-defined]
