@@ -102,3 +102,13 @@ def test_staging_slices_fit_the_buffer() -> None:
     assert list(stg.slices([1000, 1, 1000])) == [(0, 1), (1, 2), (2, 3)]
     assert stg.layout([100, 1, 64]) == [0, 128, 192]
     stg.close()
+
+
+def test_a_full_memory_drops_its_oldest_eighth_at_once() -> None:
+    p = Placements(capacity=16)
+    for i in range(16):
+        learn(p, b"%d" % i)
+    learn(p, b"new")
+    assert len(p) == 15  # 2 oldest out, the new one in
+    assert p.recall([b"0"]) is None and p.recall([b"1"]) is None
+    assert p.recall([b"2", b"15", b"new"]) is not None
