@@ -54,8 +54,8 @@ class Ticket:
     carries, bytes) and what is left to do when it is finished (same-host copies, a
     small batch's one blocking call). Finishing it twice is harmless."""
 
-    __slots__ = ("deadline", "done", "failed", "learn", "local", "lock", "pending", "small",
-                 "spin", "total", "write")
+    __slots__ = ("deadline", "done", "failed", "local", "lock", "pending", "small", "spin",
+                 "total", "write")
 
     def __init__(self, write: bool) -> None:
         self.write = write
@@ -66,7 +66,6 @@ class Ticket:
         self.failed: dict[Target, KVStoreError] = {}
         self.total = 0
         self.spin = False  # poll without sleeping at first: a small batch submitted at once
-        self.learn = False  # one submitted at once: how soon it ends teaches `spin`
         self.done = False
         self.lock = threading.Lock()
 
@@ -88,9 +87,6 @@ class DataPath:
         self._local_known: dict[Target, bool] = {}  # target -> reachable by memcpy
         self._answered: dict[Target, float] = {}  # engine target -> when it last moved bytes
         self._gone: set[Target] = set()  # same-host targets whose node's process is gone
-        # Per size class of a batch submitted at once (its bytes' bit length): the running
-        # share of such batches that ended within their spin (see SPIN_HIT_MIN).
-        self._spin_hits: dict[int, float] = {}
 
     # -- moving bytes ---------------------------------------------------------------------
 
@@ -181,8 +177,7 @@ class DataPath:
             if not at_once:
                 t.small = remote
                 return t
-            t.spin = self._spin_hits.get(t.total.bit_length(), 1.0) >= SPIN_HIT_MIN
-            t.learn = True
+            t.spin = True
         # Pieces of PIECE bytes, larger for a large batch (MAX_PIECES per batch at most):
         # each costs a submission and polls, and a few dozen in flight keep the engine busy.
         piece = max(PIECE, -(-t.total // MAX_PIECES) if MAX_PIECES else 0)
@@ -257,11 +252,9 @@ class DataPath:
         # node's on a small host) or for its node. While it spins it yields the CPU
         # between polls, so that on a busy host those threads run instead: a sleep
         # would overshoot a short transfer by more than the transfer itself.
-        began = now()
-        window = min(SPIN_MAX, max(SPIN_MIN, t.total / POLL_RATE))
-        spin_until = began + window if t.spin else 0.0
+        spin_until = (now() + min(SPIN_MAX, max(SPIN_MIN, t.total / POLL_RATE))
+                      if t.spin else 0.0)
         nap = 0.0
-        seen_moving = began  # when a poll last found pieces still moving
         while True:
             still = []
             waiting = 0
@@ -295,15 +288,8 @@ class DataPath:
                 # and an id reported over is freed by the engine, never to be asked again.
                 t.pending = pending = still + pending[k:]
             if not pending:
-                if t.learn:
-                    # Ended within the spin (when a poll last saw it moving, after a sleep
-                    # too: it may have ended just then), or not: whether to spin next time.
-                    t.learn = False
-                    key, hits = t.total.bit_length(), self._spin_hits
-                    share = hits.get(key, 1.0)
-                    hits[key] = share + ((seen_moving - began <= window) - share) * SPIN_LEARN
                 break
-            at = seen_moving = now()
+            at = now()
             if at > deadline:
                 # Abandoned, as the engine's own blocking calls do after their timeout.
                 for p in pending:
@@ -356,13 +342,6 @@ POLL_MAX = 2e-3
 POLL_WINDOW = 8
 SPIN_MIN = 200e-6
 SPIN_MAX = 300e-6
-# The spin pays only for a batch that ends within it (one that ends later waits for its
-# sleeps anyway, and the spin took the CPU its bytes' movers needed): batches of a size
-# class spin while at least SPIN_HIT_MIN of theirs lately did (a running share, each
-# batch moving it by SPIN_LEARN); one that stopped spinning is polled asleep, and spins
-# again once its batches end soon again.
-SPIN_HIT_MIN = 0.5
-SPIN_LEARN = 0.125
 
 
 def next_nap(nap: float, left: int, landed: bool) -> float:

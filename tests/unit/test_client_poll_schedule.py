@@ -159,28 +159,3 @@ def test_a_hung_batch_is_given_up_at_its_deadline_with_sleeps_capped() -> None:
     assert isinstance(failed[TARGET], Unsettled)
     assert "did not finish in time" in str(failed[TARGET])
     assert max(rig.slept) == POLL_MAX and len(rig.slept) <= 8 + 0.05 / POLL_MAX
-
-
-def test_batches_of_a_size_that_keep_ending_after_the_spin_stop_spinning() -> None:
-    """The spin pays only for a batch that ends within it: once most batches of a size
-    class end later, that class is polled asleep from its first poll on; other sizes
-    spin on, and the class spins again once its batches end soon again."""
-    rig = Rig(takes=2e-3)  # 64 x 4 KiB on a loaded host: long after SPIN_MIN
-    late = 0
-    while True:
-        polls, naps = rig.transfer.polls, len(rig.slept)
-        assert rig.write(64, 4 * KiB, at_once=True) == {}
-        if rig.transfer.polls - polls == len(rig.slept) - naps + 1:
-            break  # no spin: one poll at first, then one after each sleep
-        late += 1
-        assert late < 20
-    assert late > 1  # one late batch is not enough to stop spinning
-    rig.transfer.takes = 10e-6
-    naps = len(rig.slept)
-    assert rig.write(1, 64 * KiB, at_once=True) == {}  # another size: spun for
-    assert len(rig.slept) == naps
-    for _ in range(3):  # ending soon again (found after a sleep)
-        assert rig.write(64, 4 * KiB, at_once=True) == {}
-    naps = len(rig.slept)
-    assert rig.write(64, 4 * KiB, at_once=True) == {}
-    assert len(rig.slept) == naps  # spun again, ended within the spin
