@@ -18,12 +18,13 @@ bytes (see the client's driver).
 The poll pays only when the reply comes within it: one that comes later is waited for
 asleep anyway, so its wake-up is paid as well and every µs polled was CPU taken from the
 master (which, on a small host, is what it waits for). So the channel polls only for
-requests of a kind whose replies lately came within the spin of the caller's beginning
-to wait (`SPIN_HIT_MIN` of them, on a running average over about `1 / SPIN_LEARN`
-replies; one already there counts as prompt): a kind is the method and the request's
-size to a power of two, since a PutCommit of one object comes back in tens of µs and
-one of 64 in a millisecond on a loaded master. A kind that stopped polling is measured
-asleep (the wake-up included), and polls again once its replies come soon again.
+requests of a kind whose replies lately came within about the spin (`SPIN_SLACK` times
+it) of the caller's beginning to wait (`SPIN_HIT_MIN` of them, on a running average
+over about `1 / SPIN_LEARN` replies; one already there counts as prompt): a kind is the
+method and the request's size to a power of two, since a PutCommit of one object comes
+back in tens of µs and one of 64 in a millisecond on a loaded master. A kind that
+stopped polling is measured asleep (the wake-up included), and polls again once its
+replies come soon again.
 
 Any failure of the connection (refused, reset, closed, timed out) closes the socket and
 raises OSError; the next call connects again. What to do about it (retry, look up the
@@ -135,15 +136,20 @@ class Asked:
 # reply moves the share by SPIN_LEARN towards 1 (it came in time) or 0 (it did not).
 SPIN_HIT_MIN = 0.5
 SPIN_LEARN = 0.125
+# A reply counts as prompt up to this many spins after the caller began to wait: a kind
+# whose replies come about at the spin's end (a single put's PutCommit on a busy host)
+# keeps polling, as before, and only one answered well after it sleeps at once.
+SPIN_SLACK = 2.0
 
 
 class SpinGuide:
     """Per kind of request, the running share of replies that came within the spin."""
 
-    __slots__ = ("_hits", "spin")
+    __slots__ = ("_hits", "prompt", "spin")
 
     def __init__(self, spin: float) -> None:
         self.spin = spin
+        self.prompt = spin * SPIN_SLACK  # a reply within this counts as one in time
         self._hits: dict[int, float] = {}
 
     @staticmethod
@@ -157,7 +163,7 @@ class SpinGuide:
     def saw(self, kind: int, waited: float) -> None:
         """A reply of `kind` came `waited` seconds after the caller began to wait."""
         hits = self._hits.get(kind, 1.0)
-        self._hits[kind] = hits + ((waited <= self.spin) - hits) * SPIN_LEARN
+        self._hits[kind] = hits + ((waited <= self.prompt) - hits) * SPIN_LEARN
 
 
 Step = tuple[str, Any]  # one step of Link.connecting: (what, the connection or None)
