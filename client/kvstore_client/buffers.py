@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from kvstore.devices import cuda_build_hint, engine_devices
-from kvstore.errors import InvalidArgument, check_key
+from kvstore.errors import MAX_KEY_BYTES, InvalidArgument, check_key
 
 
 class DeviceMemory:
@@ -125,6 +125,8 @@ def address_and_view(buffer: Any) -> tuple[int, memoryview]:
 
 def byte_view(buffer: Any) -> memoryview:
     """A flat byte view of a buffer-protocol object or a torch tensor."""
+    if type(buffer) is bytes:  # the usual value: flat, contiguous, format "B"
+        return memoryview(buffer)
     if hasattr(buffer, "data_ptr") and hasattr(buffer, "numpy"):
         import torch
 
@@ -144,7 +146,11 @@ def byte_view(buffer: Any) -> memoryview:
 
 def checked_keys(keys: Sequence[bytes]) -> list[bytes]:
     """The keys as bytes (bytearray and memoryview converted), each checked."""
-    out = [bytes(k) if isinstance(k, (bytearray, memoryview)) else k for k in keys]
+    out = list(keys)
+    # The usual batch, bytes of usable lengths, in one pass (check_key says why not).
+    if all(type(k) is bytes and 0 < len(k) <= MAX_KEY_BYTES for k in out):
+        return out
+    out = [bytes(k) if isinstance(k, (bytearray, memoryview)) else k for k in out]
     for k in out:
         check_key(k)
     return out

@@ -14,17 +14,20 @@ throws the early bytes away and reads where the answer says.
 
 An entry is trusted for MAX_AGE seconds at most: the master's placement counter is 32
 bits wide, and no master stamps four billion placements in a minute. The memory is
-bounded (oldest learned first out) and costs nothing on the master.
+bounded (oldest learned first out, an eighth of it at a time) and costs nothing on the
+master.
 """
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import NamedTuple
 
 from kvstore_client.clock import MONOTONIC, Clock
 
 MAX_AGE = 60.0
 DEFAULT_CAPACITY = 65536
+EVICT_SHARE = 1 / 8  # of the memory dropped (oldest first) when it is full
 
 
 class Seen(NamedTuple):  # a tuple: built for every object a client writes or reads
@@ -66,9 +69,29 @@ class Placements:
             return
         seen = self._seen
         if seen.pop(key, None) is None and len(seen) >= self.capacity:
-            del seen[next(iter(seen))]  # the oldest learned
+            seen = self._evict()
         seen[key] = Seen(epoch, placement, size, checksum, segment, node_id, addr,
                          self.clock.now() if now is None else now)
+
+    def learn_many(self, learned: list[tuple[bytes, Seen]]) -> None:
+        """`learn` for a batch, each key with what was seen of it (oldest first)."""
+        if not self.capacity:
+            return
+        seen, capacity = self._seen, self.capacity
+        for key, s in learned:
+            if s.placement:
+                if seen.pop(key, None) is None and len(seen) >= capacity:
+                    seen = self._evict()
+                seen[key] = s
+
+    def _evict(self) -> dict[bytes, Seen]:
+        """Make room: the oldest learned EVICT_SHARE of the memory go, at once. Not one
+        at a time: a dict keeps the slots of its first entries once deleted, so finding
+        the oldest one left would scan all of them (µs per object at capacity)."""
+        seen = self._seen
+        drop = max(1, int(self.capacity * EVICT_SHARE))
+        self._seen = dict(islice(seen.items(), drop, None))
+        return self._seen
 
     def learn_item(self, key: bytes, epoch: int, item: object) -> None:
         """From a ReadItem that answered OK (its first location is readable: in DRAM)."""

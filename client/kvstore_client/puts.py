@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from xxhash import xxh3_64_intdigest
+
 from kvstore.checksum import checksum
 from kvstore.errors import Code, InvalidArgument, KVStoreError, Unavailable, Unsettled, error_for
 from kvstore.put_record import encode as encode_record
@@ -27,6 +29,7 @@ from kvstore.v1 import master_pb2 as pb
 from kvstore_client.buffers import Dest, byte_view, checked_keys
 from kvstore_client.control import backoff
 from kvstore_client.datapath import Plan, Target, Ticket, Xfer
+from kvstore_client.placements import Seen
 from kvstore_client.reservations import Reservations, Reserved
 from kvstore_client.staging import Staging
 from kvstore_client.state import ClientState
@@ -53,9 +56,10 @@ def checked_values(keys: Sequence[bytes],
     if len(checked) != len(values):
         raise InvalidArgument(f"put_many got {len(checked)} keys but {len(values)} values")
     views = [byte_view(v) for v in values]
-    for key, view in zip(checked, views, strict=True):
-        if view.nbytes == 0:
-            raise InvalidArgument("empty value: store at least one byte", key=key)
+    if not all(v.nbytes for v in views):
+        for key, view in zip(checked, views, strict=True):
+            if view.nbytes == 0:
+                raise InvalidArgument("empty value: store at least one byte", key=key)
     return checked, views
 
 
@@ -73,10 +77,11 @@ def put_many(st: ClientState, keys: Sequence[bytes], values: Sequence[Any],
              else [0] * len(checked))
     # Batches larger than the staging buffer go in slices that fit; each group's values
     # are copied in just before its PutStart (while the group before it moves).
-    for lo, hi in stg.slices([v.nbytes + t for v, t in zip(views, tails, strict=True)]):
-        offsets = stg.layout([v.nbytes + t for v, t in zip(views[lo:hi], tails[lo:hi],
-                                                                  strict=True)])
-        srcs = [Dest(stg.addr + off, stg.view[off:off + view.nbytes], tail)
+    need = [v.nbytes + t for v, t in zip(views, tails, strict=True)]
+    for lo, hi in stg.slices(need):
+        offsets = stg.layout(need[lo:hi] if lo or hi < len(need) else need)
+        base, whole = stg.addr, stg.view
+        srcs = [Dest(base + off, whole[off:off + view.nbytes], tail)
                 for off, view, tail in zip(offsets, views[lo:hi], tails[lo:hi], strict=True)]
 
         def fill(a: int, b: int, srcs: list[Dest] = srcs, base: int = lo) -> None:
@@ -177,49 +182,76 @@ def _put_reserved(st: ClientState, keys: list[bytes], srcs: list[Dest],
             plan[target].append(Xfer(d.addr, addr, r.size))
     sums, failed, records = yield from _write_reserved(st, keys, srcs, taken, plan)
     again: list[int] = []
-    commit: list[int] = []
-    for i, r in enumerate(taken):
-        bad = [failed[t] for t, _ in r.locations if t in failed] if failed else []
-        if bad:
-            rs.lost(r, unsettled=any(isinstance(e, Unsettled) for e in bad))
-            again.append(i)
-        else:
-            commit.append(i)
+    if failed:
+        commit: list[int] = []
+        for i, r in enumerate(taken):
+            bad = [failed[t] for t, _ in r.locations if t in failed]
+            if bad:
+                rs.lost(r, unsettled=any(isinstance(e, Unsettled) for e in bad))
+                again.append(i)
+            else:
+                commit.append(i)
+        placeholders = [taken[i].key for i in commit]
+        ckeys, csizes = [keys[i] for i in commit], [taken[i].size for i in commit]
+        csums = [sums[i] for i in commit]
+    else:  # the usual case: all of them, in order
+        commit = list(range(n))
+        placeholders = [r.key for r in taken]
+        ckeys, csizes, csums = keys, [r.size for r in taken], sums
     results: list[KVStoreError | None] = [None] * n
     if commit:
         reply = yield Rpc("PutCommit", pb.PutCommitRequest(
-            placeholders=[taken[i].key for i in commit], keys=[keys[i] for i in commit],
-            sizes=[taken[i].size for i in commit], checksums=[sums[i] for i in commit],
+            placeholders=placeholders, keys=ckeys, sizes=csizes, checksums=csums,
             writer=st.writer_id, records=records))
-        now = st.now()
-        learn = st.placements.learn
-        for i, code in zip(commit, reply.codes, strict=True):
-            r = taken[i]
-            if code == Code.OK or code == Code.ALREADY_EXISTS:
-                st.stats.puts += 1
-                st.stats.bytes_written += r.size
-                if code == Code.ALREADY_EXISTS:
-                    rs.give_back(r, st.replicas)  # still PENDING and ours
-                    continue
-                st.stats.one_call_puts += 1
-                st.stats.recorded_puts += records
-                if reply.epoch == r.epoch:
-                    (segment, node_id), addr = r.locations[0]
-                    learn(keys[i], r.epoch, r.placement, r.size, sums[i], segment, node_id,
-                          addr, now)
-            else:
-                # The placeholder is gone (reclaimed, its node lost, a new leader) or the
-                # key is refused here: the plain way gives the canonical answer. A
-                # placeholder still there is given up (revoked with the next put).
-                if code != Code.NOT_FOUND:
-                    rs.lost(r)
-                again.append(i)
+        again += _committed(st, rs, keys, taken, sums, commit, reply, records)
     if again:
         again.sort()
         redo = yield from _put_plain(st, [keys[i] for i in again], [srcs[i] for i in again])
         for i, res in zip(again, redo, strict=True):
             results[i] = res
     return results
+
+
+def _committed(st: ClientState, rs: Reservations, keys: list[bytes], taken: list[Reserved],
+               sums: list[int], commit: list[int], reply: Any, records: bool) -> list[int]:
+    """Take in PutCommit's answer for the objects `commit` indexes (counted, their
+    placements learned); returns those to put again the plain way."""
+    now = st.now()
+    ok, exists = Code.OK, Code.ALREADY_EXISTS
+    stored = written = committed = 0
+    learned: list[tuple[bytes, Seen]] = []
+    again: list[int] = []
+    epoch = reply.epoch
+    for i, code in zip(commit, reply.codes, strict=True):
+        r = taken[i]
+        if code == ok:
+            stored += 1
+            committed += 1
+            written += r.size
+            if epoch == r.epoch:
+                (segment, node_id), addr = r.locations[0]
+                learned.append((keys[i], Seen(r.epoch, r.placement, r.size, sums[i],
+                                              segment, node_id, addr, now)))
+        elif code == exists:
+            stored += 1
+            written += r.size
+            rs.give_back(r, st.replicas)  # still PENDING and ours
+        else:
+            # The placeholder is gone (reclaimed, its node lost, a new leader) or the
+            # key is refused here: the plain way gives the canonical answer. A
+            # placeholder still there is given up (revoked with the next put).
+            if code != Code.NOT_FOUND:
+                rs.lost(r)
+            again.append(i)
+    stats = st.stats
+    stats.puts += stored
+    stats.bytes_written += written
+    stats.one_call_puts += committed
+    if records:
+        stats.recorded_puts += committed
+    if learned:
+        st.placements.learn_many(learned)
+    return again
 
 
 def _write_reserved(st: ClientState, keys: list[bytes], srcs: list[Dest],
@@ -235,13 +267,13 @@ def _write_reserved(st: ClientState, keys: list[bytes], srcs: list[Dest],
     try:
         if chunk is not None and sum(r.size for r in taken) < SUM_FIRST_BELOW:
             # Small values: checksum first, and the records go in the values' batch.
-            sums = [checksum(d.view) for d in srcs]
+            sums = _checksums(srcs)
             _add_records(plan, area.view, area.addr, chunk, keys, taken, sums, srcs)
             ticket = yield Start(plan, write=True, at_once=True)
             failed: dict[Target, KVStoreError] = yield Finish(ticket)
             return sums, failed, True
         ticket = yield Start(plan, write=True, at_once=True)
-        sums = [checksum(d.view) for d in srcs]  # while the bytes move
+        sums = _checksums(srcs)  # while the bytes move
         more: Ticket | None = None
         if chunk is not None:
             records: Plan = defaultdict(list)
@@ -352,7 +384,7 @@ def _put_start(st: ClientState, keys: list[bytes], srcs: list[Dest], lo: int, hi
     no store node can take them until `deadline`); the group and the plan that writes
     it."""
     sizes = [d.view.nbytes for d in srcs[lo:hi]]
-    sums = [checksum(d.view) for d in srcs[lo:hi]]
+    sums = _checksums(srcs[lo:hi])
     reply = yield Rpc("PutStart", pb.PutStartRequest(
         keys=keys[lo:hi], sizes=sizes, checksums=sums, replicas=st.replicas,
         writer=st.writer_id))
@@ -454,6 +486,13 @@ def _put_end(st: ClientState, keys: list[bytes], srcs: list[Dest], group: _Start
                     loc = item.locations[0]
                     learn(keys[i], group.epoch, item.placement, loc.size,
                           group.sums[i - lo], loc.segment, loc.node_id, loc.addr, now)
+
+
+def _checksums(srcs: list[Dest]) -> list[int]:
+    """Each source's checksum: XXH3 of a host view straight away, the checksum module's
+    choice (a GPU tensor's page sum) for anything else."""
+    xxh = xxh3_64_intdigest
+    return [xxh(v) if type(v := d.view) is memoryview else checksum(v) for d in srcs]
 
 
 def _ignore(*_args: Any) -> None:

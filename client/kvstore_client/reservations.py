@@ -121,11 +121,13 @@ class Reservations:
             self._age_out(q, now)
             if len(q) < n:
                 return None
-        out: list[Reserved] = []
-        for size in sizes:
-            r = self._pool[(size, replicas)].popleft()
-            self.held -= r.size * len(r.locations)
-            out.append(r)
+        if len(need) == 1:  # one size (KV blocks): the queue's head, in one go
+            q = self._pool[(sizes[0], replicas)]
+            out = [q.popleft() for _ in sizes]
+        else:
+            pool = self._pool
+            out = [pool[(size, replicas)].popleft() for size in sizes]
+        self.held -= sum(r.size * len(r.locations) for r in out)
         return out
 
     def give_back(self, r: Reserved, replicas: int) -> None:
@@ -191,9 +193,10 @@ class Reservations:
         """The master's answer to the PutStart of `asked` (None: it never came): OK items
         join the pool; the rest were not started (or may have been: revoked)."""
         copies = max(replicas, 1)
-        for _key, size in asked:
-            self._asked[(size, replicas)] -= 1
-            self.held -= size * copies
+        sizes = Counter(size for _key, size in asked)
+        for size, n in sizes.items():
+            self._asked[(size, replicas)] -= n
+            self.held -= size * n * copies
         if reply is None or len(reply.items) != len(asked) or reply.epoch < self._epoch:
             # Unknown whether the master started them (or a deposed leader did): revoking
             # is harmless either way.
@@ -205,20 +208,26 @@ class Reservations:
         until = sent_at + min(self.max_age, timeout / 2 if timeout else self.max_age)
         epoch = reply.epoch
         room = reply.record_room  # 0 from a master that set none aside: write no record
+        pool, ok, held = self._pool, Code.OK, 0
+        last, q = -1, deque[Reserved]()  # the queue of the size met last (usually one)
         for (key, size), item in zip(asked, reply.items, strict=True):
             locs = item.locations
-            if item.code == Code.OK and locs and (not replicas or len(locs) == replicas):
-                r = Reserved(key, size, epoch, item.placement,
-                             [((loc.segment, loc.node_id), loc.addr) for loc in locs], until,
-                             room)
-                self._pool.setdefault((size, replicas), deque()).append(r)
-                self.held += size * len(locs)
+            if item.code == ok and locs and (not replicas or len(locs) == replicas):
+                where = []
+                for loc in locs:
+                    where.append(((loc.segment, loc.node_id), loc.addr))
+                if size != last:
+                    last = size
+                    q = pool.setdefault((size, replicas), deque())
+                q.append(Reserved(key, size, epoch, item.placement, where, until, room))
+                held += size * len(where)
             else:
                 if item.code == Code.OK:
                     self.stale.append(key)  # fewer replicas than asked: not used, freed
                 # Refused (no free space, too few nodes): not asked again for a while, or
                 # every put of a full store would cost the master a refused PutStart.
                 self._cool[(size, replicas)] = self.clock.now() + self.max_age
+        self.held += held
 
     def expired(self) -> list[bytes]:
         """Move every placeholder past its age to `stale` and return (and clear) it."""

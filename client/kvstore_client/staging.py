@@ -44,9 +44,12 @@ class Staging:
         biggest = max(sizes, default=0)
         if _aligned(biggest) > self.size:
             self._grow(1 << (_aligned(biggest) - 1).bit_length())
-        lo, used = 0, 0
+        lo, used, mask = 0, 0, ALIGN - 1
+        if sizes and sum(sizes) + len(sizes) * mask <= self.size:  # all fit, aligned or not
+            yield 0, len(sizes)
+            return
         for i, n in enumerate(sizes):
-            need = _aligned(n)
+            need = (n + mask) & ~mask
             if used + need > self.size:
                 yield lo, i
                 lo, used = i, 0
@@ -55,10 +58,10 @@ class Staging:
             yield lo, len(sizes)
 
     def layout(self, sizes: Sequence[int]) -> list[int]:
-        offsets, pos = [], 0
+        offsets, pos, mask = [], 0, ALIGN - 1
         for n in sizes:
             offsets.append(pos)
-            pos += _aligned(n)
+            pos += (n + mask) & ~mask
         return offsets
 
     def close(self) -> None:

@@ -15,6 +15,17 @@ tens of µs, more than a fast master takes to answer. One small call measured on
 with `spin=False`: the polling would take the CPU the engine's threads need to move the
 bytes (see the client's driver).
 
+The poll pays only when the reply comes within it: one that comes later is waited for
+asleep anyway, so its wake-up is paid as well and every µs polled was CPU taken from the
+master (which, on a small host, is what it waits for). So the channel polls only for
+requests of a kind whose replies lately came within about the spin (`SPIN_SLACK` times
+it) of the caller's beginning to wait (`SPIN_HIT_MIN` of them, on a running average
+over about `1 / SPIN_LEARN` replies; one already there counts as prompt): a kind is the
+method and the request's size to a power of two, since a PutCommit of one object comes
+back in tens of µs and one of 64 in a millisecond on a loaded master. A kind that
+stopped polling is measured asleep (the wake-up included), and polls again once its
+replies come soon again.
+
 Any failure of the connection (refused, reset, closed, timed out) closes the socket and
 raises OSError; the next call connects again. What to do about it (retry, look up the
 leader again) is the caller's business.
@@ -117,6 +128,42 @@ class Asked:
     request_id: int
     deadline: float
     sock: socket.socket
+    kind: int = -1  # the method and the request's size class (see SpinGuide); -1: none
+
+
+# How the channel decides to poll for a reply (see the module doc): a kind polls while
+# its running share of replies that came within the spin is at least SPIN_HIT_MIN; each
+# reply moves the share by SPIN_LEARN towards 1 (it came in time) or 0 (it did not).
+SPIN_HIT_MIN = 0.5
+SPIN_LEARN = 0.125
+# A reply counts as prompt up to this many spins after the caller began to wait: a kind
+# whose replies come about at the spin's end (a single put's PutCommit on a busy host)
+# keeps polling, as before, and only one answered well after it sleeps at once.
+SPIN_SLACK = 2.0
+
+
+class SpinGuide:
+    """Per kind of request, the running share of replies that came within the spin."""
+
+    __slots__ = ("_hits", "prompt", "spin")
+
+    def __init__(self, spin: float) -> None:
+        self.spin = spin
+        self.prompt = spin * SPIN_SLACK  # a reply within this counts as one in time
+        self._hits: dict[int, float] = {}
+
+    @staticmethod
+    def kind(method_id: int, size: int) -> int:
+        return method_id << 6 | size.bit_length()
+
+    def polls(self, kind: int) -> bool:
+        """Whether a reply of this kind is worth polling for (unknown kinds are)."""
+        return self._hits.get(kind, 1.0) >= SPIN_HIT_MIN
+
+    def saw(self, kind: int, waited: float) -> None:
+        """A reply of `kind` came `waited` seconds after the caller began to wait."""
+        hits = self._hits.get(kind, 1.0)
+        self._hits[kind] = hits + ((waited <= self.prompt) - hits) * SPIN_LEARN
 
 
 Step = tuple[str, Any]  # one step of Link.connecting: (what, the connection or None)
@@ -190,6 +237,7 @@ class FastChannel(Link):
     def __init__(self, address: str, *, spin: float = 0.0, **settings: Any) -> None:
         super().__init__(address, **settings)
         self.spin = spin  # seconds to poll for a reply before sleeping in recv
+        self.guide = SpinGuide(spin)  # which kinds of reply are worth polling for
         self._replied = False  # a reply came on the current connection
         self._sock: socket.socket | None = None
         self._rest = b""  # bytes read past a reply: the start of the next one (asked already)
@@ -281,7 +329,8 @@ class FastChannel(Link):
         except BaseException:
             self.close()
             raise
-        return Asked(spec.response, request_id, deadline, sock)
+        return Asked(spec.response, request_id, deadline, sock,
+                     SpinGuide.kind(spec.id, len(payload)))
 
     def answer(self, asked: Asked, spin: bool = True) -> Message:
         """The reply to what `ask` sent (same errors as `call`); with `spin` False, waited
@@ -289,14 +338,20 @@ class FastChannel(Link):
         if asked.sock is not self._sock:
             raise ConnectionResetError(f"the connection to {self.address} closed before "
                                        "the reply came")
+        guide, kind = self.guide, asked.kind
+        learn = self.spin > 0 and kind >= 0
+        start = time.monotonic() if learn else 0.0
         try:
-            tag, body = self._reply(asked.sock, asked.request_id, asked.deadline, spin)
+            tag, body = self._reply(asked.sock, asked.request_id, asked.deadline,
+                                    spin and learn and guide.polls(kind))
         except BaseException as exc:
             self.close()  # a half-read reply would poison the next call
             if self._tls_server(exc):
                 raise WrongLayer(self.address, peer_tls=True) from exc
             raise
         self._replied = True
+        if learn:
+            guide.saw(kind, time.monotonic() - start)
         return reply_message(asked.response, tag, body)
 
     def ready(self, asked: Asked) -> bool:

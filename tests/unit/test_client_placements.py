@@ -68,3 +68,47 @@ def test_learned_from_a_read_item_and_matched_against_later_ones() -> None:
     moved = pb.ReadItem(size=100, checksum=42, placement=6)
     assert not seen.matches(2, moved)
     assert p.recall([b"none"]) is None
+
+
+def test_a_batch_is_learned_as_one_by_one() -> None:
+    from kvstore_client.placements import Seen
+
+    now = time.monotonic()
+    p = Placements(capacity=3)
+    learn(p, b"a")
+    p.learn_many([(k, Seen(3, n, 100, 42, "seg", "node", 4096, now))
+                  for k, n in ((b"b", 8), (b"c", 9), (b"none", 0), (b"d", 10))])
+    assert p.recall([b"a"]) is None  # the oldest learned went out
+    assert p.recall([b"none"]) is None  # no placement: not learned
+    seen = p.recall([b"b", b"c", b"d"])
+    assert seen is not None and [s.placement for s in seen] == [8, 9, 10]
+    Placements(capacity=0).learn_many([(b"x", Seen(3, 1, 1, 1, "s", "n", 1, now))])
+
+
+def test_staging_slices_fit_the_buffer() -> None:
+    from kvstore_client.staging import Staging
+
+    class NoEngine:
+        def register(self, addr: int, n: int) -> None:
+            pass
+
+        def unregister(self, addr: int) -> None:
+            pass
+
+    stg = Staging(NoEngine(), 1024)  # type: ignore[arg-type]
+    assert list(stg.slices([])) == []
+    assert list(stg.slices([100] * 8)) == [(0, 8)]  # 8 x 128 aligned: all fit
+    assert list(stg.slices([100] * 9)) == [(0, 8), (8, 9)]
+    assert list(stg.slices([1000, 1, 1000])) == [(0, 1), (1, 2), (2, 3)]
+    assert stg.layout([100, 1, 64]) == [0, 128, 192]
+    stg.close()
+
+
+def test_a_full_memory_drops_its_oldest_eighth_at_once() -> None:
+    p = Placements(capacity=16)
+    for i in range(16):
+        learn(p, b"%d" % i)
+    learn(p, b"new")
+    assert len(p) == 15  # 2 oldest out, the new one in
+    assert p.recall([b"0"]) is None and p.recall([b"1"]) is None
+    assert p.recall([b"2", b"15", b"new"]) is not None

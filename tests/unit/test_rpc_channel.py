@@ -436,6 +436,64 @@ def test_a_spinning_channel_polls_for_the_reply_then_sleeps(
         served.server.handle = real
 
 
+def test_a_kind_of_request_answered_late_is_waited_for_asleep(
+        served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Polling pays only for a reply that comes within the spin: a kind of request
+    (method and size) whose replies keep coming later stops polling, other kinds poll
+    on, and it polls again once its replies come promptly."""
+    import kvstore.rpc.client as rpc_client
+
+    polls: list[int] = []
+    real_select = rpc_client.select.select
+
+    def counted(*args: Any) -> Any:
+        polls.append(1)
+        return real_select(*args)
+
+    monkeypatch.setattr(rpc_client.select, "select", counted)
+    gate = threading.Event()
+    gate.set()
+    real = served.server.handle
+
+    def held(method: str, request: Any, caller: Any) -> Any:
+        if method == "Exists" and len(request.keys) == 1:
+            gate.wait(5)
+        return real(method, request, caller)
+
+    served.server.handle = held
+    ch = FastChannel(served.address, spin=0.005)
+    try:
+        put(ch, [b"s"])
+        one, many = pb.KeysRequest(keys=[b"s"]), pb.KeysRequest(keys=[b"s"] * 40)
+        gate.clear()
+        late = 0
+        while ch.guide.polls(rpc_client.SpinGuide.kind(METHODS["Exists"].id,
+                                                       one.ByteSize())):
+            threading.Timer(0.03, gate.set).start()  # after the spin gave up
+            assert list(ch.call("Exists", one, 5).exists) == [True]  # type: ignore[attr-defined]
+            gate.clear()
+            late += 1
+            assert late < 20
+        assert late > 1  # one late reply is not enough to stop polling
+        polls.clear()
+        threading.Timer(0.03, gate.set).start()
+        assert list(ch.call("Exists", one, 5).exists) == [True]  # type: ignore[attr-defined]
+        assert polls == []  # slept in recv at once
+        polls.clear()
+        assert len(ch.call("Exists", many, 5).exists) == 40  # type: ignore[attr-defined]
+        assert polls  # another size: still polled for
+        gate.set()
+        for _ in range(3):  # prompt replies again (found asleep as well)
+            ch.call("Exists", one, 5)
+        polls.clear()
+        ch.call("Exists", one, 5)
+        assert polls  # polled for again
+    finally:
+        gate.set()
+        served.server.handle = real
+        ch.close()
+
+
 def test_an_unpinned_get_replicas_grants_no_lease(served: Served) -> None:
     ch = FastChannel(served.address)
     put(ch, [b"u"])
