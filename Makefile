@@ -77,10 +77,12 @@ soak: setup
 
 # Seeded random operator events under checked traffic (tests/chaos/driver.py; a 3-event
 # run is in `make test`). SEED replays a run; unset, one is drawn and printed first.
+# SHARDS runs it against that many master shards (a leader and a standby each).
 SEED   ?= -1
 ROUNDS ?= 40
+SHARDS ?= 1
 chaos: setup
-	$(NETNS) 'ip link set lo up && exec $(PY) -m tests.chaos.driver --seed $(SEED) --rounds $(ROUNDS)'
+	$(NETNS) 'ip link set lo up && exec $(PY) -m tests.chaos.driver --seed $(SEED) --rounds $(ROUNDS) --shards $(SHARDS)'
 
 lint: $(BASE)
 	$(VENV)/bin/ruff check .
