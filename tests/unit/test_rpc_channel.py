@@ -380,8 +380,8 @@ def test_ready_says_whether_the_reply_is_there_without_waiting(served: Served) -
     ch.close()
 
 
-def test_a_spinning_channel_polls_for_the_reply_then_sleeps(
-        served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+def count_polls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one on each reply poll (select) of the fast channel."""
     import kvstore.rpc.client as rpc_client
 
     polls: list[int] = []
@@ -392,15 +392,29 @@ def test_a_spinning_channel_polls_for_the_reply_then_sleeps(
         return real_select(*args)
 
     monkeypatch.setattr(rpc_client.select, "select", counted)
-    gate = threading.Event()
+    return polls
+
+
+def hold_exists(served: Served, gate: threading.Event,
+                which: Any = lambda request: True) -> Any:
+    """Make the server answer the Exists calls `which` picks only once `gate` is set;
+    returns the real handler, to put back."""
     real = served.server.handle
 
     def held(method: str, request: Any, caller: Any) -> Any:
-        if method == "Exists":
+        if method == "Exists" and which(request):
             gate.wait(5)
         return real(method, request, caller)
 
     served.server.handle = held
+    return real
+
+
+def test_a_spinning_channel_polls_for_the_reply_then_sleeps(
+        served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    polls = count_polls(monkeypatch)
+    gate = threading.Event()
+    real = hold_exists(served, gate)
     gate.set()
     try:
         quiet = FastChannel(served.address)
@@ -443,24 +457,10 @@ def test_a_kind_of_request_answered_late_is_waited_for_asleep(
     on, and it polls again once its replies come promptly."""
     import kvstore.rpc.client as rpc_client
 
-    polls: list[int] = []
-    real_select = rpc_client.select.select
-
-    def counted(*args: Any) -> Any:
-        polls.append(1)
-        return real_select(*args)
-
-    monkeypatch.setattr(rpc_client.select, "select", counted)
+    polls = count_polls(monkeypatch)
     gate = threading.Event()
     gate.set()
-    real = served.server.handle
-
-    def held(method: str, request: Any, caller: Any) -> Any:
-        if method == "Exists" and len(request.keys) == 1:
-            gate.wait(5)
-        return real(method, request, caller)
-
-    served.server.handle = held
+    real = hold_exists(served, gate, lambda request: len(request.keys) == 1)
     ch = FastChannel(served.address, spin=0.005)
     try:
         put(ch, [b"s"])
