@@ -146,6 +146,9 @@ class NodeLinks:
     def _retire(self, link: _Link, why: Applied) -> None:
         if link.sender is not None:
             link.sender.cancel()
+        if link.timer is not None:
+            link.timer.cancel()
+            link.timer = None
         self._wake_waiters(link, why, everyone=True)
         for closing in (link.channel.close(), *((link.fast.close(),) if link.fast else ())):
             task = asyncio.ensure_future(closing)

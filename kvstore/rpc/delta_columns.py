@@ -76,10 +76,10 @@ def encode(epoch: int, shard: int, rows: Sequence[Row]) -> bytes:
     if not n:
         return head
     keys, offsets, sizes, sums, tiers, pendings, records, drops = zip(*rows, strict=True)
+    if bad := set(tiers) - {"dram", "ssd"}:
+        raise ValueError(f"a delta row names tier(s) {sorted(bad)}; only dram and ssd")
     flags = bytes([d | p << 1 | r << 2 | (t == "ssd") << 3
                    for d, p, r, t in zip(drops, pendings, records, tiers, strict=True)])
-    if any(t != "dram" and t != "ssd" for t in set(tiers)):
-        raise ValueError(f"a delta row names tier(s) {sorted(set(tiers))}; only dram and ssd")
     try:
         parts = [head, _u("I", list(map(len, keys))), _u("Q", offsets), _u("Q", sizes),
                  _u("Q", sums), flags, b"".join(keys)]
