@@ -39,7 +39,7 @@ from kvstore.errors import (
     Unavailable,
     error_for,
 )
-from kvstore.security.access import SEPARATOR, Role
+from kvstore.security.access import Role, key_prefix
 from kvstore.security.credentials import Credentials
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
@@ -193,6 +193,4 @@ def _tenant_prefix(record: MasterRecord, creds: Credentials, timeout: float) -> 
                 "shards needs to route its keys; retry once it answers") from None
     if reply.error.code:
         raise error_for(reply.error.code, reply.error.message)
-    if reply.role != Role.CLIENT.value or not reply.tenant:
-        return b""
-    return reply.tenant.encode() + SEPARATOR
+    return key_prefix(reply.tenant) if reply.role == Role.CLIENT.value else b""

@@ -14,7 +14,7 @@ from kvstore.admin.connect import Admin
 from kvstore.admin.output import emit_json, escape_key, key_json, parse_key, seconds, size, table
 from kvstore.admin.shards import ShardAdmins, merge_keys
 from kvstore.errors import InvalidArgument, KVStoreError
-from kvstore.security.access import SEPARATOR
+from kvstore.security.access import SEPARATOR, key_prefix
 from kvstore.security.credentials import Credentials
 from kvstore.v1 import master_pb2 as pb
 
@@ -50,7 +50,7 @@ def tenant_prefix(admin: Admin, args: argparse.Namespace) -> bytes:
             name = admin.call("Authenticate", pb.AuthenticateRequest(token=token)).tenant
         except KVStoreError:
             return b""  # an old master, or a token it does not know: no guess
-    return name.encode() + SEPARATOR if name else b""
+    return key_prefix(name or "")
 
 
 def keys(args: argparse.Namespace) -> int:

@@ -52,6 +52,11 @@ TENANT_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 SEPARATOR = b"/"
 
 
+def key_prefix(tenant: str) -> bytes:
+    """What the master puts before a tenant's keys (`tenant/`); b"" for no tenant."""
+    return tenant.encode() + SEPARATOR if tenant else b""
+
+
 @dataclass(frozen=True, slots=True)
 class Principal:
     """Who a call comes from, once its token was checked."""
@@ -145,7 +150,7 @@ class AccessList:
                 if tenant not in tenants:
                     raise bad(f"token {name!r}: a client token needs a tenant listed under "
                               f"`tenants`, got {tenant!r}")
-                principals[digest] = Principal(name, role, tenant, tenant.encode() + SEPARATOR)
+                principals[digest] = Principal(name, role, tenant, key_prefix(tenant))
             else:
                 if tenant:
                     raise bad(f"token {name!r}: only client tokens belong to a tenant")
@@ -170,7 +175,7 @@ class AccessList:
 
     def quotas(self) -> dict[bytes, int]:
         """Key prefix -> quota in bytes, for the tenants that have one."""
-        return {t.name.encode() + SEPARATOR: t.quota_bytes
+        return {key_prefix(t.name): t.quota_bytes
                 for t in self.tenants.values() if t.quota_bytes}
 
 
