@@ -397,11 +397,14 @@ class MasterService(pbg.MasterServicer):
         r = self.core.get_replicas(self._keys(request.keys), request.lease_id or None,
                                    request.lease_ttl or None, request.holder,
                                    self._owner() if request.lease_id else self._caller.tenant,
-                                   pin=not request.unpinned)
+                                   pin=not request.unpinned, columns=request.columns)
         reply = (pb.GetReplicasResponse(lease_id=r.lease_id, ttl_remaining=self._ttl(r.expires_at))
                  if r.lease_id else pb.GetReplicasResponse())  # unpinned, or nothing found
         if request.columns:  # one packed array per field (kvstore/rpc/columns.py)
-            columns.fill(reply.columns, r.results)
+            if r.columns is not None:  # the core answered in columns already
+                columns.fill_lists(reply.columns, r.columns)
+            else:
+                columns.fill(reply.columns, r.results)
             return reply
         add = reply.items.add
         for i in r.results:

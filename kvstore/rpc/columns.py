@@ -111,6 +111,23 @@ def fill(columns: Any, results: Iterable[Any]) -> None:
         add(node_id=node_id, segment=segment, tier=tier)
 
 
+def fill_lists(columns: Any, lists: Any) -> None:
+    """Write the core's answers already in columns (`core.ReadColumns`: the same fields
+    as `fill` builds, one list each) into a `ReadColumns` message."""
+    columns.version = VERSION
+    columns.codes.extend(lists.codes)
+    columns.sizes.extend(lists.sizes)
+    columns.checksums.extend(lists.checksums)
+    columns.placements.extend(lists.placements)
+    columns.location_counts.extend(lists.counts)
+    columns.location_ranges.extend(lists.loc_ranges)
+    columns.location_addrs.extend(lists.loc_addrs)
+    columns.location_sizes.extend(lists.loc_sizes)
+    add = columns.ranges.add
+    for node_id, segment, tier in lists.ranges:
+        add(node_id=node_id, segment=segment, tier=tier)
+
+
 def read_items(reply: Any) -> list[Any]:
     """The per-key answers of a GetReplicasResponse, in request order: its `items` as
     they are (a master without columns), or its `columns` decoded into `ReadItem`s."""

@@ -252,6 +252,7 @@ class MasterCore:
         holder: str = "",
         owner: str | None = None,
         pin: bool = True,
+        columns: bool = False,
     ) -> GetReplicasResult:
         """Where to read each key.
 
@@ -266,8 +267,12 @@ class MasterCore:
         reader that needs no promise: one whose read began before it asked, and which
         keeps the bytes only if this answer names the placement it read from and they
         match the checksum (the client's quick get).
+
+        With `columns`, a batch of valid keys whose objects found all sit in DRAM is
+        answered in `columns` (one list per field; `results` is then empty), otherwise in
+        `results` as without it.
         """
-        return self._reads.get_replicas(keys, lease_id, lease_ttl, holder, owner, pin)
+        return self._reads.get_replicas(keys, lease_id, lease_ttl, holder, owner, pin, columns)
 
     # ------------------------------------------------------------------ leases
 

@@ -88,10 +88,30 @@ class LookupResult:
 
 
 @dataclass(slots=True)
+class ReadColumns:
+    """A batch's read answers as one list per field, built without an object per key or
+    per location (get_replicas with `columns`; the wire's ReadColumns has the same
+    shape). Per key: code, size, checksum, placement and how many locations follow; per
+    location: its range's index into `ranges` (node_id, segment, tier), its address and
+    size."""
+
+    codes: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    checksums: list[int] = field(default_factory=list)
+    placements: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    loc_ranges: list[int] = field(default_factory=list)
+    loc_addrs: list[int] = field(default_factory=list)
+    loc_sizes: list[int] = field(default_factory=list)
+    ranges: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class GetReplicasResult:
     lease_id: int
     expires_at: float
     results: list[ReadResult]
+    columns: ReadColumns | None = None  # instead of `results`, where asked and possible
 
 
 class EventKind(StrEnum):
