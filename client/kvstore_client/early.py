@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvstore.errors import Code, KVStoreError
+from kvstore.rpc.columns import READS as COLUMNS
 from kvstore.rpc.columns import read_items
 from kvstore.v1 import master_pb2 as pb
 from kvstore_client.buffers import Dest
@@ -125,7 +126,8 @@ def settle(st: ClientState, keys: list[bytes], items: list[pb.ReadItem], lease_i
         yield Wait(delay)
         delay = min(delay * 1.5, 0.01)
         again = yield Rpc("GetReplicas", pb.GetReplicasRequest(
-            keys=[keys[j] for j in waiting], lease_id=lease_id, columns=True))
+            keys=[keys[j] for j in waiting], lease_id=lease_id, columns=True,
+            columns_version=COLUMNS))
         for j, item in zip(waiting, read_items(again), strict=True):
             items[j] = item
         waiting = [j for j in waiting if items[j].code == Code.IN_PROGRESS]

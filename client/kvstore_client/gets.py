@@ -24,6 +24,7 @@ from kvstore.errors import (
     NotFound,
     error_for,
 )
+from kvstore.rpc.columns import READS as COLUMNS
 from kvstore.v1 import common_pb2 as cpb
 from kvstore.v1 import master_pb2 as pb
 from kvstore_client import early
@@ -59,7 +60,8 @@ def _get_once(st: ClientState, stg: Staging, keys: list[bytes], todo: list[int],
     """One attempt at keys[i] for i in todo, into the staging buffer; the i to try again."""
     sent = st.now()
     asked = [keys[i] for i in todo]
-    request = pb.GetReplicasRequest(keys=asked, holder=st.writer_id, columns=True)
+    request = pb.GetReplicasRequest(keys=asked, holder=st.writer_id, columns=True,
+                                    columns_version=COLUMNS)
     seen = st.placements.recall(asked)
     read_early, early_dests = _early_staging(st, stg, seen)
     reply, got_early = yield from early.ask(st, request, read_early, early_dests)
@@ -190,7 +192,8 @@ def read_into(st: ClientState, checked: list[bytes], dests: list[Dest],
         for lo, hi in spans:
             sent_at = st.now()
             request = pb.GetReplicasRequest(keys=checked[lo:hi], lease_id=lease.id if lease else 0,
-                                            holder=st.writer_id, columns=True)
+                                            holder=st.writer_id, columns=True,
+                                            columns_version=COLUMNS)
             reply, got_early = yield from early.ask(st, request, seen, dests)
             if reply.lease_id and lease is None:
                 leases.append(reply.lease_id)

@@ -51,6 +51,7 @@ from typing import Any, Final
 
 from kvstore.checksum import matches
 from kvstore.errors import Code, KVStoreError, check_key
+from kvstore.rpc.columns import READS as COLUMNS
 from kvstore.rpc.columns import read_items
 from kvstore.v1 import master_pb2 as pb
 from kvstore_client import datapath
@@ -172,7 +173,8 @@ def _read(st: ClientState, control: Any, key: bytes, dest: Dest | None,  # noqa:
             tid = st.transfer.start(seen.segment, dest.addr, seen.addr, size, False)
         except KVStoreError:
             return SLOW
-    request = pb.GetReplicasRequest(keys=[key], holder=st.writer_id, unpinned=True, columns=True)
+    request = pb.GetReplicasRequest(keys=[key], holder=st.writer_id, unpinned=True, columns=True,
+                                    columns_version=COLUMNS)
     reply: Any = None
     landed: bool | None = None
     try:

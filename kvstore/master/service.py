@@ -401,10 +401,11 @@ class MasterService(pbg.MasterServicer):
         reply = (pb.GetReplicasResponse(lease_id=r.lease_id, ttl_remaining=self._ttl(r.expires_at))
                  if r.lease_id else pb.GetReplicasResponse())  # unpinned, or nothing found
         if request.columns:  # one packed array per field (kvstore/rpc/columns.py)
+            version = columns.version_for(request.columns_version)
             if r.columns is not None:  # the core answered in columns already
-                columns.fill_lists(reply.columns, r.columns)
+                columns.fill_lists(reply.columns, r.columns, version)
             else:
-                columns.fill(reply.columns, r.results)
+                columns.fill(reply.columns, r.results, version)
             return reply
         add = reply.items.add
         for i in r.results:

@@ -12,17 +12,31 @@ ignores the flag and answers in `items`, and `read_items` reads whichever came, 
 and new on either side keep working. A `version` this reader does not know, or arrays
 whose lengths or indexes do not fit together, raise `MalformedReply`: a typed error,
 never a guess at what the bytes meant.
+
+Version 2 carries the same arrays packed into one `bytes` field (`PACKED_KEY`
+and `PACKED_LOCATION` bytes per key and per location): protobuf takes in a repeated
+integer field one integer at a time, and `array` packs a list in one call. The client
+says the highest version it reads (`columns_version`, `READS`); a master answers in the
+highest both read, and one that predates the field answers in version 1.
 """
 
 from __future__ import annotations
 
+import sys
+from array import array
 from collections.abc import Iterable
 from itertools import accumulate
+from types import SimpleNamespace
 from typing import Any
 
 from kvstore.errors import Internal
 
-VERSION = 1
+VERSION = 1  # repeated integer fields
+PACKED = 2  # the same arrays in `packed`
+READS = PACKED  # the highest version this module writes and reads
+PACKED_KEY = 4 + 8 + 8 + 8 + 4  # code, size, checksum, placement, location count
+PACKED_LOCATION = 4 + 8 + 8  # range index, address, size
+_LITTLE = sys.byteorder == "little"
 
 
 class MalformedReply(Internal):
@@ -69,60 +83,65 @@ class ReadItem:
                 f"placement={self.placement}, locations={self.locations})")
 
 
-def fill(columns: Any, results: Iterable[Any]) -> None:
+def version_for(asked: int) -> int:
+    """The version to answer a client that reads up to `asked` (0: it did not say)."""
+    return max(VERSION, min(asked, READS))
+
+
+def fill(columns: Any, results: Iterable[Any], version: int = VERSION) -> None:
     """Write `results` (the core's per-key answers, in request order: code, size,
     checksum, placement, locations of node_id, segment, addr, size, tier) into a
-    `ReadColumns` message."""
-    codes: list[int] = []
-    sizes: list[int] = []
-    checksums: list[int] = []
-    placements: list[int] = []
-    counts: list[int] = []
-    loc_ranges: list[int] = []
-    loc_addrs: list[int] = []
-    loc_sizes: list[int] = []
+    `ReadColumns` message, in `version`."""
+    lists = SimpleNamespace(codes=[], sizes=[], checksums=[], placements=[], counts=[],
+                            loc_ranges=[], loc_addrs=[], loc_sizes=[], ranges=[])
     table: dict[tuple[str, str, str], int] = {}
     for r in results:
-        codes.append(int(r.code))
-        sizes.append(r.size)
-        checksums.append(r.checksum)
-        placements.append(r.placement)
+        lists.codes.append(int(r.code))
+        lists.sizes.append(r.size)
+        lists.checksums.append(r.checksum)
+        lists.placements.append(r.placement)
         locs = r.locations
-        counts.append(len(locs))
+        lists.counts.append(len(locs))
         for loc in locs:
             where = (loc.node_id, loc.segment, loc.tier)
             index = table.get(where)
             if index is None:
                 index = table[where] = len(table)
-            loc_ranges.append(index)
-            loc_addrs.append(loc.addr)
-            loc_sizes.append(loc.size)
-    columns.version = VERSION
-    columns.codes.extend(codes)
-    columns.sizes.extend(sizes)
-    columns.checksums.extend(checksums)
-    columns.placements.extend(placements)
-    columns.location_counts.extend(counts)
-    columns.location_ranges.extend(loc_ranges)
-    columns.location_addrs.extend(loc_addrs)
-    columns.location_sizes.extend(loc_sizes)
-    add = columns.ranges.add
-    for node_id, segment, tier in table:
-        add(node_id=node_id, segment=segment, tier=tier)
+            lists.loc_ranges.append(index)
+            lists.loc_addrs.append(loc.addr)
+            lists.loc_sizes.append(loc.size)
+    lists.ranges = list(table)
+    fill_lists(columns, lists, version)
 
 
-def fill_lists(columns: Any, lists: Any) -> None:
-    """Write the core's answers already in columns (`core.ReadColumns`: the same fields
-    as `fill` builds, one list each) into a `ReadColumns` message."""
-    columns.version = VERSION
-    columns.codes.extend(lists.codes)
-    columns.sizes.extend(lists.sizes)
-    columns.checksums.extend(lists.checksums)
-    columns.placements.extend(lists.placements)
-    columns.location_counts.extend(lists.counts)
-    columns.location_ranges.extend(lists.loc_ranges)
-    columns.location_addrs.extend(lists.loc_addrs)
-    columns.location_sizes.extend(lists.loc_sizes)
+def _packed(typecode: str, values: Any) -> bytes:
+    a = array(typecode, values)
+    if not _LITTLE:
+        a.byteswap()
+    return a.tobytes()
+
+
+def fill_lists(columns: Any, lists: Any, version: int = VERSION) -> None:
+    """Write answers already in columns (`core.ReadColumns`, or `fill`'s lists: one list
+    per field) into a `ReadColumns` message, in `version`."""
+    columns.version = version
+    if version >= PACKED:
+        columns.keys = len(lists.codes)
+        columns.locations = len(lists.loc_addrs)
+        columns.packed = b"".join((
+            _packed("I", lists.codes), _packed("Q", lists.sizes),
+            _packed("Q", lists.checksums), _packed("Q", lists.placements),
+            _packed("I", lists.counts), _packed("I", lists.loc_ranges),
+            _packed("Q", lists.loc_addrs), _packed("Q", lists.loc_sizes)))
+    else:
+        columns.codes.extend(lists.codes)
+        columns.sizes.extend(lists.sizes)
+        columns.checksums.extend(lists.checksums)
+        columns.placements.extend(lists.placements)
+        columns.location_counts.extend(lists.counts)
+        columns.location_ranges.extend(lists.loc_ranges)
+        columns.location_addrs.extend(lists.loc_addrs)
+        columns.location_sizes.extend(lists.loc_sizes)
     add = columns.ranges.add
     for node_id, segment, tier in lists.ranges:
         add(node_id=node_id, segment=segment, tier=tier)
@@ -140,22 +159,26 @@ def read_items(reply: Any) -> list[Any]:
 
 def decode(columns: Any) -> list[ReadItem]:
     """`ReadColumns` -> one `ReadItem` per key; MalformedReply if it does not add up."""
-    if columns.version != VERSION:
+    if columns.version == PACKED:
+        codes, sizes, checksums, placements, counts, loc_ranges, loc_addrs, loc_sizes = (
+            _unpack(columns))
+    elif columns.version == VERSION:
+        codes = list(columns.codes)
+        sizes, checksums = list(columns.sizes), list(columns.checksums)
+        placements, counts = list(columns.placements), list(columns.location_counts)
+        loc_ranges, loc_addrs = list(columns.location_ranges), list(columns.location_addrs)
+        loc_sizes = list(columns.location_sizes)
+    else:
         raise MalformedReply(
             f"the master answered GetReplicas in columns of version {columns.version}, and "
-            f"this client reads version {VERSION} only: upgrade the client to the master's "
-            "release")
-    codes = list(columns.codes)
+            f"this client reads versions {VERSION} to {READS} only: upgrade the client to "
+            "the master's release")
     n = len(codes)
-    sizes, checksums = list(columns.sizes), list(columns.checksums)
-    placements, counts = list(columns.placements), list(columns.location_counts)
     if not (len(sizes) == len(checksums) == len(placements) == len(counts) == n):
         raise MalformedReply(
             f"the master's GetReplicas columns disagree on the number of keys (codes {n}, "
             f"sizes {len(sizes)}, checksums {len(checksums)}, placements {len(placements)}, "
             f"location counts {len(counts)})")
-    loc_ranges, loc_addrs = list(columns.location_ranges), list(columns.location_addrs)
-    loc_sizes = list(columns.location_sizes)
     total = sum(counts)
     if not (len(loc_ranges) == len(loc_addrs) == len(loc_sizes) == total):
         raise MalformedReply(
@@ -173,3 +196,30 @@ def decode(columns: Any) -> list[ReadItem]:
     return [ReadItem(code, size, checksum, placement, locs[end - count:end])
             for code, size, checksum, placement, count, end
             in zip(codes, sizes, checksums, placements, counts, ends, strict=True)]
+
+
+def _unpack(columns: Any) -> list[list[int]]:
+    """Version 2's `packed`, as the eight lists version 1 carries; MalformedReply if its
+    length is not what its counts say, or it carries version 1's fields as well."""
+    n, m = columns.keys, columns.locations
+    blob = columns.packed
+    want = n * PACKED_KEY + m * PACKED_LOCATION
+    if len(blob) != want:
+        raise MalformedReply(
+            f"the master's GetReplicas columns (version {PACKED}) say {n} keys and {m} "
+            f"locations, {want} packed bytes, but carry {len(blob)}")
+    if len(columns.codes) or len(columns.location_addrs):
+        raise MalformedReply(f"the master's GetReplicas columns (version {PACKED}) carry "
+                             "version 1's arrays as well as packed ones")
+    out: list[list[int]] = []
+    pos = 0
+    for typecode, count in (("I", n), ("Q", n), ("Q", n), ("Q", n), ("I", n), ("I", m),
+                            ("Q", m), ("Q", m)):
+        a = array(typecode)
+        end = pos + count * a.itemsize
+        a.frombytes(blob[pos:end])
+        if not _LITTLE:
+            a.byteswap()
+        out.append(a.tolist())
+        pos = end
+    return out

@@ -114,23 +114,25 @@ class LookupResponse(_message.Message):
     def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., count: _Optional[int] = ..., lease_id: _Optional[int] = ..., ttl_remaining: _Optional[float] = ...) -> None: ...
 
 class GetReplicasRequest(_message.Message):
-    __slots__ = ("keys", "lease_id", "lease_ttl", "holder", "unpinned", "columns")
+    __slots__ = ("keys", "lease_id", "lease_ttl", "holder", "unpinned", "columns", "columns_version")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
     UNPINNED_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_VERSION_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     lease_id: int
     lease_ttl: float
     holder: str
     unpinned: bool
     columns: bool
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., lease_id: _Optional[int] = ..., lease_ttl: _Optional[float] = ..., holder: _Optional[str] = ..., unpinned: _Optional[bool] = ..., columns: _Optional[bool] = ...) -> None: ...
+    columns_version: int
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., lease_id: _Optional[int] = ..., lease_ttl: _Optional[float] = ..., holder: _Optional[str] = ..., unpinned: _Optional[bool] = ..., columns: _Optional[bool] = ..., columns_version: _Optional[int] = ...) -> None: ...
 
 class ReadColumns(_message.Message):
-    __slots__ = ("version", "codes", "sizes", "checksums", "placements", "location_counts", "location_ranges", "location_addrs", "location_sizes", "ranges")
+    __slots__ = ("version", "codes", "sizes", "checksums", "placements", "location_counts", "location_ranges", "location_addrs", "location_sizes", "ranges", "keys", "locations", "packed")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CODES_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +143,9 @@ class ReadColumns(_message.Message):
     LOCATION_ADDRS_FIELD_NUMBER: _ClassVar[int]
     LOCATION_SIZES_FIELD_NUMBER: _ClassVar[int]
     RANGES_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    LOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    PACKED_FIELD_NUMBER: _ClassVar[int]
     version: int
     codes: _containers.RepeatedScalarFieldContainer[int]
     sizes: _containers.RepeatedScalarFieldContainer[int]
@@ -151,7 +156,10 @@ class ReadColumns(_message.Message):
     location_addrs: _containers.RepeatedScalarFieldContainer[int]
     location_sizes: _containers.RepeatedScalarFieldContainer[int]
     ranges: _containers.RepeatedCompositeFieldContainer[_common_pb2.Location]
-    def __init__(self, version: _Optional[int] = ..., codes: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., placements: _Optional[_Iterable[int]] = ..., location_counts: _Optional[_Iterable[int]] = ..., location_ranges: _Optional[_Iterable[int]] = ..., location_addrs: _Optional[_Iterable[int]] = ..., location_sizes: _Optional[_Iterable[int]] = ..., ranges: _Optional[_Iterable[_Union[_common_pb2.Location, _Mapping]]] = ...) -> None: ...
+    keys: int
+    locations: int
+    packed: bytes
+    def __init__(self, version: _Optional[int] = ..., codes: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., placements: _Optional[_Iterable[int]] = ..., location_counts: _Optional[_Iterable[int]] = ..., location_ranges: _Optional[_Iterable[int]] = ..., location_addrs: _Optional[_Iterable[int]] = ..., location_sizes: _Optional[_Iterable[int]] = ..., ranges: _Optional[_Iterable[_Union[_common_pb2.Location, _Mapping]]] = ..., keys: _Optional[int] = ..., locations: _Optional[int] = ..., packed: _Optional[bytes] = ...) -> None: ...
 
 class ReadItem(_message.Message):
     __slots__ = ("code", "size", "checksum", "locations", "placement")

@@ -1,7 +1,8 @@
 """GetReplicas in columns (kvstore/rpc/columns.py): what the master writes, the client
-reads back field for field; an old client (no `columns` in its request) still gets
-`items`; a reply that does not add up, or of a version the client does not know, is
-refused with a typed error."""
+reads back field for field, in version 1 (repeated fields) and 2 (packed bytes); an old
+client (no `columns` in its request) still gets `items`, one that does not say which
+versions it reads gets version 1; a reply that does not add up, or of a version the
+client does not know, is refused with a typed error."""
 
 from __future__ import annotations
 
@@ -35,13 +36,18 @@ def _fields(item: Any) -> tuple[Any, ...]:
             [(loc.node_id, loc.segment, loc.addr, loc.size, loc.tier) for loc in item.locations])
 
 
-def _round_trip(results: list[ReadItem]) -> list[ReadItem]:
+def _round_trip(results: list[ReadItem], version: int) -> list[ReadItem]:
     reply = pb.GetReplicasResponse(lease_id=9)
-    fill(reply.columns, results)
+    fill(reply.columns, results, version)
+    assert reply.columns.version == version
     return read_items(pb.GetReplicasResponse.FromString(reply.SerializeToString()))
 
 
-def test_every_field_survives_the_round_trip() -> None:
+VERSIONS = pytest.mark.parametrize("version", [columns.VERSION, columns.PACKED])
+
+
+@VERSIONS
+def test_every_field_survives_the_round_trip(version: int) -> None:
     results = [
         ReadItem(Code.OK, 4096, 2**64 - 1, 2**63 + 5,
                  [_loc("n0", "seg0", 2**47 + 64, 4096), _loc("n1", "ssd-1", 0, 4096, "ssd")]),
@@ -49,29 +55,36 @@ def test_every_field_survives_the_round_trip() -> None:
         ReadItem(Code.IN_PROGRESS, 7, 11, 0, [_loc("n1", "ssd-1", 4096, 7, "ssd")]),
         ReadItem(Code.OK, 1, 1, 1, [_loc("n0", "seg0", 128, 1)]),
     ]
-    back = _round_trip(results)
+    back = _round_trip(results, version)
     assert [_fields(b) for b in back] == [_fields(r) for r in results]
     # the (node, segment, tier) of repeated locations travel once
     reply = pb.GetReplicasResponse()
-    fill(reply.columns, results)
+    fill(reply.columns, results, version)
     assert len(reply.columns.ranges) == 2
-    assert list(reply.columns.location_ranges) == [0, 1, 1, 0]
+    if version == columns.VERSION:
+        assert list(reply.columns.location_ranges) == [0, 1, 1, 0]
+    else:  # nothing in the repeated fields; everything in `packed`
+        assert not reply.columns.location_ranges and not reply.columns.codes
+        assert (reply.columns.keys, reply.columns.locations) == (4, 4)
+        assert len(reply.columns.packed) == 4 * (columns.PACKED_KEY + columns.PACKED_LOCATION)
 
 
-def test_an_empty_batch_is_empty_columns_not_missing_ones() -> None:
+@VERSIONS
+def test_an_empty_batch_is_empty_columns_not_missing_ones(version: int) -> None:
     reply = pb.GetReplicasResponse()
-    fill(reply.columns, [])
+    fill(reply.columns, [], version)
     wire = pb.GetReplicasResponse.FromString(reply.SerializeToString())
     assert wire.HasField("columns") and read_items(wire) == []
 
 
-def test_a_batch_at_the_key_limit_fits_a_frame() -> None:
+@VERSIONS
+def test_a_batch_at_the_key_limit_fits_a_frame(version: int) -> None:
     n = CoreConfig().max_batch
     results = [ReadItem(Code.OK, 1 << 20, 2**64 - 1 - i, 2**64 - 1 - i,
                         [_loc("node-0", "segment-0", 2**48 + i * (1 << 20), 1 << 20)])
                for i in range(n)]
     reply = pb.GetReplicasResponse()
-    fill(reply.columns, results)
+    fill(reply.columns, results, version)
     wire = reply.SerializeToString()
     assert len(wire) < MAX_FRAME
     back = read_items(pb.GetReplicasResponse.FromString(wire))
@@ -94,7 +107,7 @@ def _columns_with(**changes: Any) -> Any:
 
 
 @pytest.mark.parametrize("changes, says", [
-    ({"version": 2}, "version 2"),
+    ({"version": 3}, "version 3"),
     ({"version": 0}, "version 0"),
     ({"sizes": [10]}, "number of keys"),
     ({"placements": [2, 4, 6]}, "number of keys"),
@@ -108,6 +121,45 @@ def test_a_malformed_reply_is_refused_with_a_typed_error(changes: dict[str, Any]
     with pytest.raises(MalformedReply, match=says) as err:
         read_items(reply)
     assert isinstance(err.value, Internal) and err.value.code == Code.INTERNAL
+
+
+def _packed_with(**changes: Any) -> Any:
+    reply = pb.GetReplicasResponse()
+    fill(reply.columns, [ReadItem(Code.OK, 10, 1, 2, [_loc("n0", "s0", 64, 10)]),
+                         ReadItem(Code.OK, 20, 3, 4, [_loc("n0", "s0", 128, 20)])],
+         columns.PACKED)
+    cols = reply.columns
+    for name, value in changes.items():
+        if isinstance(value, list):
+            getattr(cols, name).extend(value)
+        else:
+            setattr(cols, name, value)
+    return reply
+
+
+@pytest.mark.parametrize("changes, says", [
+    ({"keys": 3}, "say 3 keys and 2 locations"),
+    ({"locations": 1}, "say 2 keys and 1 locations"),
+    ({"packed": b"\0" * 10}, "carry 10"),
+    ({"codes": [0, 0]}, "as well as packed"),
+    ({"location_addrs": [64, 128]}, "as well as packed"),
+])
+def test_a_malformed_packed_reply_is_refused_with_a_typed_error(changes: dict[str, Any],
+                                                                says: str) -> None:
+    reply = pb.GetReplicasResponse.FromString(_packed_with(**changes).SerializeToString())
+    with pytest.raises(MalformedReply, match=says):
+        read_items(reply)
+
+
+def test_a_packed_reply_whose_counts_disagree_with_its_locations_is_refused() -> None:
+    reply = _packed_with()
+    cols = reply.columns
+    blob = bytearray(cols.packed)
+    at = 2 * (4 + 8 + 8 + 8)  # the location counts, after codes, sizes, checksums, placements
+    blob[at:at + 4] = (2).to_bytes(4, "little")  # key 0 claims two of the two locations
+    cols.packed = bytes(blob)
+    with pytest.raises(MalformedReply, match="count 3 locations"):
+        read_items(reply)
 
 
 def test_items_and_columns_together_are_refused() -> None:
@@ -156,6 +208,20 @@ def test_the_master_answers_columns_only_when_asked_and_both_say_the_same(
     assert [_fields(g) for g in got] == [_fields(w) for w in want]
     assert [int(g.code) for g in got] == [Code.OK, Code.NOT_FOUND, Code.OK, Code.OK]
     assert all(len(g.locations) == 2 for g in got if g.code == Code.OK)
+
+
+@pytest.mark.parametrize("asked, answered", [(0, 1), (1, 1), (2, 2), (99, 2)])
+def test_the_master_answers_the_highest_version_both_read(asked: int, answered: int) -> None:
+    service = _service()
+    keys = [b"a", b"missing", b"c"]
+    plain = service.handle("GetReplicas", pb.GetReplicasRequest(keys=keys, holder="h",
+                                                                columns=True))
+    reply = service.handle("GetReplicas", pb.GetReplicasRequest(
+        keys=keys, holder="h", columns=True, columns_version=asked))
+    assert plain.columns.version == columns.VERSION
+    assert reply.columns.version == answered
+    assert bool(reply.columns.packed) == (answered == columns.PACKED)
+    assert [_fields(g) for g in read_items(reply)] == [_fields(g) for g in read_items(plain)]
 
 
 def test_the_version_is_the_one_the_reader_knows() -> None:
