@@ -92,10 +92,12 @@ def test_a_batch_at_the_key_limit_fits_a_frame(version: int) -> None:
     assert _fields(back[0]) == _fields(results[0]) and _fields(back[-1]) == _fields(results[-1])
 
 
-def _columns_with(**changes: Any) -> Any:
+def _columns_with(version: int = columns.VERSION, **changes: Any) -> Any:
+    """Two keys' answer in `version`, with `changes` made to its fields (a list replaces
+    the repeated field's contents)."""
     reply = pb.GetReplicasResponse()
     fill(reply.columns, [ReadItem(Code.OK, 10, 1, 2, [_loc("n0", "s0", 64, 10)]),
-                         ReadItem(Code.OK, 20, 3, 4, [_loc("n0", "s0", 128, 20)])])
+                         ReadItem(Code.OK, 20, 3, 4, [_loc("n0", "s0", 128, 20)])], version)
     cols = reply.columns
     for name, value in changes.items():
         if isinstance(value, list):
@@ -123,20 +125,6 @@ def test_a_malformed_reply_is_refused_with_a_typed_error(changes: dict[str, Any]
     assert isinstance(err.value, Internal) and err.value.code == Code.INTERNAL
 
 
-def _packed_with(**changes: Any) -> Any:
-    reply = pb.GetReplicasResponse()
-    fill(reply.columns, [ReadItem(Code.OK, 10, 1, 2, [_loc("n0", "s0", 64, 10)]),
-                         ReadItem(Code.OK, 20, 3, 4, [_loc("n0", "s0", 128, 20)])],
-         columns.PACKED)
-    cols = reply.columns
-    for name, value in changes.items():
-        if isinstance(value, list):
-            getattr(cols, name).extend(value)
-        else:
-            setattr(cols, name, value)
-    return reply
-
-
 @pytest.mark.parametrize("changes, says", [
     ({"keys": 3}, "say 3 keys and 2 locations"),
     ({"locations": 1}, "say 2 keys and 1 locations"),
@@ -146,13 +134,13 @@ def _packed_with(**changes: Any) -> Any:
 ])
 def test_a_malformed_packed_reply_is_refused_with_a_typed_error(changes: dict[str, Any],
                                                                 says: str) -> None:
-    reply = pb.GetReplicasResponse.FromString(_packed_with(**changes).SerializeToString())
+    reply = pb.GetReplicasResponse.FromString(_columns_with(columns.PACKED, **changes).SerializeToString())
     with pytest.raises(MalformedReply, match=says):
         read_items(reply)
 
 
 def test_a_packed_reply_whose_counts_disagree_with_its_locations_is_refused() -> None:
-    reply = _packed_with()
+    reply = _columns_with(columns.PACKED)
     cols = reply.columns
     blob = bytearray(cols.packed)
     at = 2 * (4 + 8 + 8 + 8)  # the location counts, after codes, sizes, checksums, placements

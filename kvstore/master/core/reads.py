@@ -220,6 +220,11 @@ class Reads:
         same None where read_batch gives None."""
         if not all_valid(keys):
             return None
+        # Column by column pays off from a few keys on; a call of one or two keys goes
+        # key by key at once.
+        whole = self._all_found(keys) if len(keys) >= WHOLE_FROM else None
+        if whole is not None:
+            return whole
         t = self._t
         get = t.index.get
         phase = t.phase
@@ -231,11 +236,6 @@ class Reads:
         extra = t.extra
         by_id = self._state.segments.by_id
         ok, not_found = int(Code.OK), int(Code.NOT_FOUND)
-        # Column by column pays off from a few keys on; a call of one or two keys goes
-        # key by key at once.
-        whole = self._all_found(keys) if len(keys) >= WHOLE_FROM else None
-        if whole is not None:
-            return whole
         cols = ReadColumns()
         code, size_of, checksum_of = cols.codes.append, cols.sizes.append, cols.checksums.append
         placement_of, count = cols.placements.append, cols.counts.append
