@@ -115,9 +115,14 @@ class OursOps:
         self.writer = self.holder
         self.lease_ttl = lease_ttl
         self.wins = [[k.encode() for k in w] for w in windows()]
-        # GetReplicas answered in columns, as our client asks (False: the nested items of
-        # older clients, --nested-replicas)
+        # GetReplicas and PutStart answered in columns, as our client asks (False: the
+        # nested items of older clients, --nested-replicas)
         self.columns = columns
+        from kvstore.rpc import columns as wire
+
+        self.columns_version = wire.READS  # packed (version 2), what our client reads
+        self._start_items = ((lambda r: wire.start_items(r, len(r.items) or r.columns.keys))
+                             if columns else (lambda r: list(r.items)))
 
     @staticmethod
     def _ok(reply: Any, what: str) -> Any:
@@ -139,10 +144,13 @@ class OursOps:
     def put_objects(self, keys: list[str]) -> None:
         pb = self.pb
         raw = [k.encode() for k in keys]
+        # Placements answered in columns when asked for, as our client asks and reads them.
+        placed = {"columns_version": self.columns_version} if self.columns else {}
         starts = self.fan("PutStart", raw, lambda ks: pb.PutStartRequest(
             keys=ks, sizes=[OBJECT_SIZE] * len(ks), checksums=[0] * len(ks),
-            writer=self.writer))
-        bad = [i.code for r in starts for i in self._ok(r, "PutStart").items if i.code]
+            writer=self.writer, **placed))
+        bad = [i.code for r in starts for i in self._start_items(self._ok(r, "PutStart"))
+               if i.code]
         if bad:
             raise RuntimeError(f"PutStart refused {len(bad)} of {len(raw)} keys (codes {set(bad)})")
         ends = self.fan("PutEnd", raw, lambda ks: pb.KeysRequest(keys=ks, writer=self.writer))
@@ -157,7 +165,8 @@ class OursOps:
     def op(self, case: str) -> Callable[[int], None]:
         pb, wins, fan = self.pb, self.wins, self.fan
         read_items: Callable[[Any], list[Any]] = lambda r: list(r.items)  # noqa: E731
-        columns = {"columns": True} if self.columns else {}  # unknown to older masters' proto
+        columns = ({"columns": True, "columns_version": self.columns_version} if self.columns
+                   else {})
         if self.columns:
             from kvstore.rpc.columns import read_items
         if case == "lookup128":

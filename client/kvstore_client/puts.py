@@ -25,6 +25,8 @@ from kvstore.checksum import checksum
 from kvstore.errors import Code, InvalidArgument, KVStoreError, Unavailable, Unsettled, error_for
 from kvstore.put_record import encode as encode_record
 from kvstore.put_record import record_bytes, room_for
+from kvstore.rpc.columns import READS as COLUMNS
+from kvstore.rpc.columns import start_items
 from kvstore.v1 import master_pb2 as pb
 from kvstore_client.buffers import Dest, byte_view, checked_keys
 from kvstore_client.control import backoff
@@ -162,7 +164,8 @@ def _reserve(st: ClientState, rs: Reservations, sizes: list[int], key_len: int) 
         yield Later("PutStart", pb.PutStartRequest(
             keys=[k for k, _ in asked], sizes=[z for _, z in asked], checksums=[0] * len(asked),
             replicas=replicas, writer=st.writer_id, ahead=True,
-            record_room=room_for(key_len) if len(sizes) <= RECORDS_UP_TO else 0), granted)
+            record_room=room_for(key_len) if len(sizes) <= RECORDS_UP_TO else 0,
+            columns_version=COLUMNS), granted)
 
 
 def _put_reserved(st: ClientState, keys: list[bytes], srcs: list[Dest],
@@ -371,7 +374,7 @@ class _Started:
     (and the epoch it came in), their checksums, and the indexes that got space."""
 
     lo: int
-    items: list[pb.PutStartItem]
+    items: list[Any]  # PutStartItem, or columns.ReadItem from a reply in columns
     epoch: int
     sums: list[int]
     started: list[int]
@@ -387,16 +390,17 @@ def _put_start(st: ClientState, keys: list[bytes], srcs: list[Dest], lo: int, hi
     sums = _checksums(srcs[lo:hi])
     reply = yield Rpc("PutStart", pb.PutStartRequest(
         keys=keys[lo:hi], sizes=sizes, checksums=sums, replicas=st.replicas,
-        writer=st.writer_id))
-    items = list(reply.items)
+        writer=st.writer_id, columns_version=COLUMNS))
+    items = start_items(reply, hi - lo)
     epoch = reply.epoch
 
     def ask_again(which: list[int]) -> Flow[None]:
         nonlocal reply, epoch
         again = yield Rpc("PutStart", pb.PutStartRequest(
             keys=[keys[lo + j] for j in which], sizes=[sizes[j] for j in which],
-            checksums=[sums[j] for j in which], replicas=st.replicas, writer=st.writer_id))
-        for j, item in zip(which, again.items, strict=True):
+            checksums=[sums[j] for j in which], replicas=st.replicas, writer=st.writer_id,
+            columns_version=COLUMNS))
+        for j, item in zip(which, start_items(again, len(which)), strict=True):
             items[j] = item
         # Placements are only compared within one epoch: a retry answered by a new
         # leader makes the earlier answers' placements unknown.

@@ -47,6 +47,7 @@ from itertools import count
 from typing import Any
 
 from kvstore.errors import Code
+from kvstore.rpc.columns import MalformedReply, placed
 from kvstore_client.clock import MONOTONIC, Clock
 
 DEFAULT_BUDGET = 32 << 20  # bytes of placeholders a client holds at most
@@ -197,7 +198,15 @@ class Reservations:
         for size, n in sizes.items():
             self._asked[(size, replicas)] -= n
             self.held -= size * n * copies
-        if reply is None or len(reply.items) != len(asked) or reply.epoch < self._epoch:
+        cols = None
+        if reply is not None and reply.HasField("columns"):
+            try:
+                cols = placed(reply.columns, len(asked))
+            except MalformedReply:
+                cols = None
+                reply = None
+        if reply is None or reply.epoch < self._epoch or \
+                (cols is None and len(reply.items) != len(asked)):
             # Unknown whether the master started them (or a deposed leader did): revoking
             # is harmless either way.
             self.stale += [key for key, _ in asked]
@@ -210,6 +219,18 @@ class Reservations:
         room = reply.record_room  # 0 from a master that set none aside: write no record
         pool, ok, held = self._pool, Code.OK, 0
         last, q = -1, deque[Reserved]()  # the queue of the size met last (usually one)
+        if cols is not None:  # every key placed, in columns: no message per range
+            for (key, size), placement, where in zip(asked, *cols, strict=True):
+                if replicas and len(where) != replicas:
+                    self.stale.append(key)  # fewer replicas than asked: not used, freed
+                    continue
+                if size != last:
+                    last = size
+                    q = pool.setdefault((size, replicas), deque())
+                q.append(Reserved(key, size, epoch, placement, where, until, room))
+                held += size * len(where)
+            self.held += held
+            return
         for (key, size), item in zip(asked, reply.items, strict=True):
             locs = item.locations
             if item.code == ok and locs and (not replicas or len(locs) == replicas):

@@ -306,8 +306,9 @@ class MasterService(pbg.MasterServicer):
     def put_start(self, request: pb.PutStartRequest) -> pb.PutStartResponse:
         keys = self._keys(request.keys)
         room = request.record_room if self.recorder is not None else 0
+        sizes = list(request.sizes)
         results = self.core.put_start(
-            keys, list(request.sizes), list(request.checksums),
+            keys, sizes, list(request.checksums),
             replicas=request.replicas or None, writer=request.writer, ahead=request.ahead,
             record_room=room,
         )
@@ -328,6 +329,12 @@ class MasterService(pbg.MasterServicer):
                                 if r.code == Code.OK and r.locations]
         reply = pb.PutStartResponse(put_timeout=self.core.put_timeout(request.ahead),
                                     record_room=room)
+        if request.columns_version >= columns.PACKED and \
+                all(not r.code and r.locations for r in results):
+            # Every key placed: one packed array per field (kvstore/rpc/columns.py).
+            columns.fill_placed(reply.columns, results, sizes,
+                                columns.version_for(request.columns_version))
+            return reply
         add = reply.items.add
         for r in results:
             item = add()

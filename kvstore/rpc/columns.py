@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from itertools import accumulate
 from types import SimpleNamespace
 from typing import Any
@@ -72,6 +72,7 @@ class ReadItem:
     """One key of a read answer, with a `master_pb2.ReadItem`'s fields."""
 
     __slots__ = ("checksum", "code", "locations", "placement", "size")
+    message = ""  # PutStartItem's: a batch in columns holds no refusal to explain
 
     def __init__(self, code: int, size: int, checksum: int, placement: int,
                  locations: list[Location]) -> None:
@@ -112,6 +113,34 @@ def fill(columns: Any, results: Iterable[Any], version: int = VERSION) -> None:
             lists.loc_sizes.append(loc.size)
     lists.ranges = list(table)
     fill_lists(columns, lists, version)
+
+
+def fill_placed(columns: Any, results: Sequence[Any], sizes: Sequence[int],
+                version: int = PACKED) -> None:
+    """Write PutStart's answers (the core's, every one OK: locations of node_id, segment,
+    addr, size, tier, and a placement) for keys of `sizes` into a `ReadColumns` message,
+    in `version`; checksums are 0 (a placement has none yet)."""
+    n = len(results)
+    table: dict[tuple[str, str, str], int] = {}
+    loc_ranges: list[int] = []
+    loc_addrs: list[int] = []
+    loc_sizes: list[int] = []
+    counts: list[int] = []
+    for r in results:
+        locs = r.locations
+        counts.append(len(locs))
+        for loc in locs:
+            where = (loc.node_id, loc.segment, loc.tier)
+            index = table.get(where)
+            if index is None:
+                index = table[where] = len(table)
+            loc_ranges.append(index)
+            loc_addrs.append(loc.addr)
+            loc_sizes.append(loc.size)
+    fill_lists(columns, SimpleNamespace(
+        codes=[0] * n, sizes=sizes, checksums=[0] * n,
+        placements=[r.placement for r in results], counts=counts, loc_ranges=loc_ranges,
+        loc_addrs=loc_addrs, loc_sizes=loc_sizes, ranges=list(table)), version)
 
 
 def _packed(typecode: str, values: Any) -> bytes:
@@ -157,8 +186,60 @@ def read_items(reply: Any) -> list[Any]:
     return decode(reply.columns)
 
 
+def start_items(reply: Any, keys: int) -> list[Any]:
+    """The per-key answers of a PutStartResponse to a batch of `keys` keys, in request
+    order: its `items` as they are, or its `columns` decoded into `ReadItem`s."""
+    if not reply.HasField("columns"):
+        return list(reply.items)
+    if len(reply.items):
+        raise MalformedReply("the master's PutStart reply holds both items and columns")
+    items = decode(reply.columns)
+    if len(items) != keys:
+        raise MalformedReply(f"the master's PutStart columns answer {len(items)} keys of "
+                             f"{keys} asked")
+    return items
+
+
 def decode(columns: Any) -> list[ReadItem]:
     """`ReadColumns` -> one `ReadItem` per key; MalformedReply if it does not add up."""
+    codes, sizes, checksums, placements, counts, loc_ranges, loc_addrs, loc_sizes, table = (
+        _checked(columns))
+    locs = [Location(where[0], where[1], addr, size, where[2])
+            for where, addr, size in zip(map(table.__getitem__, loc_ranges), loc_addrs,
+                                         loc_sizes, strict=True)]
+    ends = list(accumulate(counts))
+    return [ReadItem(code, size, checksum, placement, locs[end - count:end])
+            for code, size, checksum, placement, count, end
+            in zip(codes, sizes, checksums, placements, counts, ends, strict=True)]
+
+
+Where = tuple[tuple[str, str], int]  # ((segment, node id), addr): one replica's range
+
+
+def placed(columns: Any, keys: int) -> tuple[list[int], list[list[Where]]]:
+    """PutStart's answer in columns, for a batch of `keys` keys all placed: per key its
+    placement and its replicas' ranges, as a writer needs them (no object per range);
+    MalformedReply if it does not add up or names another number of keys, or a key not
+    placed (such a batch is answered in items)."""
+    codes, _sizes, _sums, placements, counts, loc_ranges, loc_addrs, _lsizes, table = (
+        _checked(columns))
+    if len(codes) != keys:
+        raise MalformedReply(f"the master's PutStart columns answer {len(codes)} keys of "
+                             f"{keys} asked")
+    if any(codes):
+        raise MalformedReply("the master's PutStart columns hold a key that was not placed")
+    targets = [(segment, node_id) for node_id, segment, _tier in table]
+    ranges = list(zip(map(targets.__getitem__, loc_ranges), loc_addrs, strict=True))
+    if all(c == 1 for c in counts):  # one replica each, the default: a slice per key
+        return placements, [[r] for r in ranges]
+    ends = accumulate(counts)
+    return placements, [ranges[end - count:end] for count, end in zip(counts, ends, strict=True)]
+
+
+def _checked(columns: Any) -> tuple[list[int], list[int], list[int], list[int], list[int],
+                                     list[int], list[int], list[int],
+                                     list[tuple[str, str, str]]]:
+    """The eight arrays of `columns` and its range table, checked to fit together."""
     if columns.version == PACKED:
         codes, sizes, checksums, placements, counts, loc_ranges, loc_addrs, loc_sizes = (
             _unpack(columns))
@@ -170,32 +251,27 @@ def decode(columns: Any) -> list[ReadItem]:
         loc_sizes = list(columns.location_sizes)
     else:
         raise MalformedReply(
-            f"the master answered GetReplicas in columns of version {columns.version}, and "
-            f"this client reads versions {VERSION} to {READS} only: upgrade the client to "
-            "the master's release")
+            f"the master answered in columns of version {columns.version}, and this "
+            f"client reads versions {VERSION} to {READS} only: upgrade the client to the "
+            "master's release")
     n = len(codes)
     if not (len(sizes) == len(checksums) == len(placements) == len(counts) == n):
         raise MalformedReply(
-            f"the master's GetReplicas columns disagree on the number of keys (codes {n}, "
-            f"sizes {len(sizes)}, checksums {len(checksums)}, placements {len(placements)}, "
+            f"the master's columns disagree on the number of keys (codes {n}, sizes "
+            f"{len(sizes)}, checksums {len(checksums)}, placements {len(placements)}, "
             f"location counts {len(counts)})")
     total = sum(counts)
     if not (len(loc_ranges) == len(loc_addrs) == len(loc_sizes) == total):
         raise MalformedReply(
-            f"the master's GetReplicas columns count {total} locations but carry "
-            f"{len(loc_ranges)} ranges, {len(loc_addrs)} addresses and {len(loc_sizes)} sizes")
+            f"the master's columns count {total} locations but carry {len(loc_ranges)} "
+            f"ranges, {len(loc_addrs)} addresses and {len(loc_sizes)} sizes")
     table = [(r.node_id, r.segment, r.tier) for r in columns.ranges]
     if loc_ranges and max(loc_ranges) >= len(table):
         raise MalformedReply(
-            f"a location of the master's GetReplicas columns names range {max(loc_ranges)} "
-            f"of {len(table)}")
-    locs = [Location(where[0], where[1], addr, size, where[2])
-            for where, addr, size in zip(map(table.__getitem__, loc_ranges), loc_addrs,
-                                         loc_sizes, strict=True)]
-    ends = list(accumulate(counts))
-    return [ReadItem(code, size, checksum, placement, locs[end - count:end])
-            for code, size, checksum, placement, count, end
-            in zip(codes, sizes, checksums, placements, counts, ends, strict=True)]
+            f"a location of the master's columns names range {max(loc_ranges)} of "
+            f"{len(table)}")
+    return (codes, sizes, checksums, placements, counts, loc_ranges, loc_addrs, loc_sizes,
+            table)
 
 
 def _unpack(columns: Any) -> list[list[int]]:
@@ -206,10 +282,10 @@ def _unpack(columns: Any) -> list[list[int]]:
     want = n * PACKED_KEY + m * PACKED_LOCATION
     if len(blob) != want:
         raise MalformedReply(
-            f"the master's GetReplicas columns (version {PACKED}) say {n} keys and {m} "
+            f"the master's columns (version {PACKED}) say {n} keys and {m} "
             f"locations, {want} packed bytes, but carry {len(blob)}")
     if len(columns.codes) or len(columns.location_addrs):
-        raise MalformedReply(f"the master's GetReplicas columns (version {PACKED}) carry "
+        raise MalformedReply(f"the master's columns (version {PACKED}) carry "
                              "version 1's arrays as well as packed ones")
     out: list[list[int]] = []
     pos = 0

@@ -30,7 +30,7 @@ class CodesResponse(_message.Message):
     def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., codes: _Optional[_Iterable[_Union[_common_pb2.Code, str]]] = ..., messages: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PutStartRequest(_message.Message):
-    __slots__ = ("keys", "sizes", "checksums", "replicas", "writer", "ahead", "record_room")
+    __slots__ = ("keys", "sizes", "checksums", "replicas", "writer", "ahead", "record_room", "columns_version")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
     CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class PutStartRequest(_message.Message):
     WRITER_FIELD_NUMBER: _ClassVar[int]
     AHEAD_FIELD_NUMBER: _ClassVar[int]
     RECORD_ROOM_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_VERSION_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     sizes: _containers.RepeatedScalarFieldContainer[int]
     checksums: _containers.RepeatedScalarFieldContainer[int]
@@ -45,7 +46,8 @@ class PutStartRequest(_message.Message):
     writer: str
     ahead: bool
     record_room: int
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., replicas: _Optional[int] = ..., writer: _Optional[str] = ..., ahead: _Optional[bool] = ..., record_room: _Optional[int] = ...) -> None: ...
+    columns_version: int
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., replicas: _Optional[int] = ..., writer: _Optional[str] = ..., ahead: _Optional[bool] = ..., record_room: _Optional[int] = ..., columns_version: _Optional[int] = ...) -> None: ...
 
 class PutStartItem(_message.Message):
     __slots__ = ("code", "message", "locations", "placement")
@@ -60,18 +62,20 @@ class PutStartItem(_message.Message):
     def __init__(self, code: _Optional[_Union[_common_pb2.Code, str]] = ..., message: _Optional[str] = ..., locations: _Optional[_Iterable[_Union[_common_pb2.Location, _Mapping]]] = ..., placement: _Optional[int] = ...) -> None: ...
 
 class PutStartResponse(_message.Message):
-    __slots__ = ("error", "epoch", "items", "put_timeout", "record_room")
+    __slots__ = ("error", "epoch", "items", "put_timeout", "record_room", "columns")
     ERROR_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     PUT_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     RECORD_ROOM_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     error: _common_pb2.Error
     epoch: int
     items: _containers.RepeatedCompositeFieldContainer[PutStartItem]
     put_timeout: float
     record_room: int
-    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., items: _Optional[_Iterable[_Union[PutStartItem, _Mapping]]] = ..., put_timeout: _Optional[float] = ..., record_room: _Optional[int] = ...) -> None: ...
+    columns: ReadColumns
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., epoch: _Optional[int] = ..., items: _Optional[_Iterable[_Union[PutStartItem, _Mapping]]] = ..., put_timeout: _Optional[float] = ..., record_room: _Optional[int] = ..., columns: _Optional[_Union[ReadColumns, _Mapping]] = ...) -> None: ...
 
 class PutCommitRequest(_message.Message):
     __slots__ = ("placeholders", "keys", "sizes", "checksums", "writer", "records")

@@ -423,3 +423,36 @@ def test_single_puts_refill_their_placeholders_in_one_go(
     small = Reservations("w", DEPTH * SIZE)
     tight = _ask(small, [SIZE], 1)
     assert tight is not None and len(tight) == DEPTH
+
+
+def test_placeholders_granted_in_columns_join_the_pool_and_too_few_replicas_rest() -> None:
+    """The master answers a batch it placed whole in columns (kvstore/rpc/columns.py):
+    the pool takes them as from items, and a placeholder with fewer replicas than asked
+    is revoked, not written."""
+    from kvstore.master.core.results import Location, PutStartResult
+    from kvstore.rpc import columns
+
+    def answer(asked: list[tuple[bytes, int]], copies: int) -> pb.PutStartResponse:
+        reply = pb.PutStartResponse(epoch=1, put_timeout=30.0, record_room=40)
+        columns.fill_placed(reply.columns, [
+            PutStartResult(Code.OK, [Location(f"n{c}", f"s{c}", 64 * (i + 1), SIZE, "dram")
+                                     for c in range(copies)], placement=i + 1)
+            for i in range(len(asked))], [size for _, size in asked])
+        return pb.PutStartResponse.FromString(reply.SerializeToString())
+
+    rs = Reservations("w", budget=1 << 20)
+    asked = _ask(rs, [SIZE], 2)
+    assert asked is not None
+    rs.granted(asked, 2, answer(asked, 2), time.monotonic())
+    assert len(rs) == len(asked)
+    taken = rs.take([SIZE], 2, epoch=1)
+    assert taken is not None
+    (r,) = taken
+    assert r.key == asked[0][0] and r.placement == 1 and r.room == 40 and r.epoch == 1
+    assert r.locations == [(("s0", "n0"), 64), (("s1", "n1"), 64)]
+
+    rs = Reservations("w", budget=1 << 20)
+    asked = _ask(rs, [SIZE], 2)
+    assert asked is not None
+    rs.granted(asked, 2, answer(asked, 1), time.monotonic())
+    assert len(rs) == 0 and sorted(rs.expired()) == sorted(k for k, _ in asked)

@@ -6,6 +6,7 @@ client does not know, is refused with a typed error."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -217,3 +218,85 @@ def test_the_version_is_the_one_the_reader_knows() -> None:
     fill(reply.columns, [])
     assert reply.columns.version == columns.VERSION
     assert decode(reply.columns) == []
+
+
+# -- PutStart's answer in columns -----------------------------------------------------
+
+
+def _starts(columns_version: int, keys: list[bytes], replicas: int = 2) -> Any:
+    service = _service()
+    reply = service.handle("PutStart", pb.PutStartRequest(
+        keys=keys, sizes=[8 * (i + 1) for i in range(len(keys))], checksums=[0] * len(keys),
+        replicas=replicas, writer="w", columns_version=columns_version))
+    assert not reply.error.code
+    return pb.PutStartResponse.FromString(reply.SerializeToString())
+
+
+def _placement(item: Any) -> tuple[Any, ...]:
+    return (int(item.code), item.placement,
+            [(loc.node_id, loc.segment, loc.addr, loc.size, loc.tier) for loc in item.locations])
+
+
+@pytest.mark.parametrize("asked", [columns.PACKED, 99])
+def test_put_start_answers_in_columns_when_every_key_is_placed(asked: int) -> None:
+    keys = [b"k%d" % i for i in range(5)]
+    old, new = _starts(0, keys), _starts(asked, keys)  # two masters in the same state
+    assert not old.HasField("columns") and len(old.items) == len(keys)
+    assert new.HasField("columns") and len(new.items) == 0
+    assert new.columns.version == columns.PACKED and new.epoch == old.epoch
+    got = columns.start_items(new, len(keys))
+    assert [_placement(g) for g in got] == [_placement(w) for w in old.items]
+    assert [g.size for g in got] == [8 * (i + 1) for i in range(len(keys))]
+    assert all(len(g.locations) == 2 for g in got)
+    placements, where = columns.placed(new.columns, len(keys))
+    assert placements == [w.placement for w in old.items]
+    assert where == [[((loc.segment, loc.node_id), loc.addr) for loc in w.locations]
+                     for w in old.items]
+
+
+def test_put_start_with_a_key_not_placed_is_answered_in_items_with_its_message() -> None:
+    # b"a" is stored already (see _service): ALREADY_EXISTS, and a too-large key
+    # refused; the batch goes in items, so each refusal keeps its sentence.
+    reply = _starts(columns.PACKED, [b"new", b"a", b"x" * 5000])
+    assert not reply.HasField("columns")
+    items = columns.start_items(reply, 3)
+    assert [int(i.code) for i in items] == [Code.OK, Code.ALREADY_EXISTS,
+                                            Code.INVALID_ARGUMENT]
+    assert items[2].message
+
+
+def test_a_version_1_reader_gets_items() -> None:
+    reply = _starts(columns.VERSION, [b"k"])
+    assert not reply.HasField("columns") and len(reply.items) == 1
+
+
+def test_an_empty_put_start_in_columns_is_empty() -> None:
+    reply = _starts(columns.PACKED, [])
+    assert columns.start_items(reply, 0) == []
+    assert columns.placed(reply.columns, 0) == ([], [])
+
+
+def test_a_malformed_put_start_answer_is_refused_with_a_typed_error() -> None:
+    keys = [b"k0", b"k1"]
+    reply = _starts(columns.PACKED, keys)
+    with pytest.raises(MalformedReply, match="answer 2 keys of 3"):
+        columns.start_items(reply, 3)
+    with pytest.raises(MalformedReply, match="answer 2 keys of 1"):
+        columns.placed(reply.columns, 1)
+    both = pb.PutStartResponse.FromString(reply.SerializeToString())
+    both.items.add()
+    with pytest.raises(MalformedReply, match="both items and columns"):
+        columns.start_items(both, 2)
+    # A key marked not placed: such a batch comes in items, so this is no master's.
+    refused = pb.PutStartResponse()
+    columns.fill_lists(refused.columns, SimpleNamespace(
+        codes=[int(Code.STORE_FULL)], sizes=[8], checksums=[0], placements=[0], counts=[1],
+        loc_ranges=[0], loc_addrs=[64], loc_sizes=[8], ranges=[("n", "s", "dram")]),
+        columns.PACKED)
+    with pytest.raises(MalformedReply, match="not placed"):
+        columns.placed(refused.columns, 1)
+    torn = pb.PutStartResponse.FromString(reply.SerializeToString())
+    torn.columns.packed = torn.columns.packed[:-1]
+    with pytest.raises(MalformedReply, match="packed bytes"):
+        columns.placed(torn.columns, 2)
+    assert issubclass(MalformedReply, Internal)
