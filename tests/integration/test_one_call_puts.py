@@ -16,11 +16,13 @@ import json
 import random
 import signal
 from collections import Counter
+from pathlib import Path
 
 import grpc
 import pytest
 
 from kvstore.errors import Code
+from kvstore.security.access import new_token, token_hash
 from kvstore.shards import shard_of
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
@@ -34,14 +36,16 @@ SIZE = 100_000
 N = 8
 
 
-def _keys(tag: str, shards: int, n: int = N, only: int | None = None) -> list[bytes]:
-    """n keys `tag-i`: as many of each shard's, or (`only`) all of shard `only`'s."""
+def _keys(tag: str, shards: int, n: int = N, only: int | None = None,
+          route: bytes = b"") -> list[bytes]:
+    """n keys `tag-i`: as many of each shard's, or (`only`) all of shard `only`'s; a
+    key's shard is that of `route` (a tenant's prefix) and the key."""
     want = Counter({only: n}) if only is not None else \
         Counter(dict.fromkeys(range(shards), n // shards))
     out: list[bytes] = []
     for i in itertools.count():
         key = f"{tag}-{i}".encode()
-        k = shard_of(key, shards)
+        k = shard_of(route + key, shards)
         if want[k] > 0:
             want[k] -= 1
             out.append(key)
@@ -298,3 +302,53 @@ def test_a_leader_killed_under_held_placeholders_puts_its_part_the_plain_way(
     # What the client held at the new leader, and at any other shard's, was revoked.
     leaders = [c.master_of(k) for k in range(shards) if k != killed] + [standby]
     assert sum(int(c.status(addr).objects_pending) for addr in leaders) == 0
+
+
+def test_a_tenants_placeholders_route_to_its_shards(cluster_factory: Cluster,
+                                                    tmp_path: Path) -> None:
+    """Two shards and a tenant: a key is stored (and routed) as `tenant/key`, and so is a
+    placeholder, so each shard's pool names its placeholders to route there under the
+    tenant's prefix; else every commit would be refused as another shard's."""
+    c = cluster_factory
+    tokens = {name: new_token() for name in ("alice", "ops", "nodes")}
+    access = {"tenants": {"a": {}}, "tokens": [
+        {"name": "alice", "role": "client", "tenant": "a", "sha256": token_hash(tokens["alice"])},
+        {"name": "ops", "role": "admin", "sha256": token_hash(tokens["ops"])},
+        {"name": "nodes", "role": "node", "sha256": token_hash(tokens["nodes"])}]}
+    (tmp_path / "access.json").write_text(json.dumps(access))
+    (tmp_path / "node.token").write_text(tokens["nodes"])
+    flags = ["--auth-file", str(tmp_path / "access.json"),
+             "--token-file", str(tmp_path / "node.token")]
+    shards = c.shards = 2
+    masters = [c.start_master(*flags, shard=k) for k in range(shards)]
+    c.start_store("512MiB", *flags)
+    admin = [("authorization", f"Bearer {tokens['ops']}")]
+
+    def pending() -> int:
+        total = 0
+        for address in masters:
+            with grpc.insecure_channel(address) as ch:
+                reply = pbg.MasterStub(ch).ClusterStatus(pb.ClusterStatusRequest(),
+                                                         timeout=5, metadata=admin)
+            assert not reply.error.code, reply.error.message
+            total += reply.objects_pending
+        return total
+
+    rng = random.Random(16)
+    batches = [(_keys(f"tn{j}", shards, route=b"a/"), [rng.randbytes(SIZE) for _ in range(N)])
+               for j in range(4)]
+    # The batches' keys would split otherwise without the prefix: the test tells.
+    assert any(_keys(f"tn{j}", shards) != batches[j][0] for j in range(4))
+    with KVStoreClient(etcd=c.etcd, token=tokens["alice"], same_host=False,
+                       timeout=30) as a:
+        for j, (keys, values) in enumerate(batches):
+            calls = a.phase_timer = _Calls()
+            assert a.put_many(keys, values) == [None] * N
+            if j >= 2:
+                _one_call_only(calls, shards)
+        a.phase_timer = None
+        assert a.stats.one_call_puts == 2 * N
+        assert pending() == DEPTH * N
+        for keys, values in batches:
+            assert a.get_many(keys) == values
+    assert pending() == 0
