@@ -14,6 +14,7 @@ import asyncio
 import itertools
 from typing import Any
 
+import numpy as np
 import pytest
 
 from kvstore.coord.layout import Layout, MasterRecord
@@ -559,6 +560,26 @@ def test_a_batch_over_both_shards_commits_in_one_call_at_each(
     got = rig.client.get_many(batches[2][0]) if not aio else \
         asyncio.run(rig.client.get_many(batches[2][0]))
     assert got == batches[2][1]
+
+
+def test_zero_copy_puts_over_both_shards_commit_in_one_call_at_each(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    small_thresholds(monkeypatch)
+    monkeypatch.setattr(reservations, "REFILL_TO", 0)
+    rig = ShardRig()
+    rig.state.reservations = Reservations(rig.state.writer_id, 1 << 20)
+    rig.state.shard_pools(SHARDS, b"")
+    for j in range(3):
+        keys = _even(b"z%d-" % j)
+        values = [bytes([j + 1]) * 512] * len(keys)
+        src = np.frombuffer(b"".join(values), dtype=np.uint8).copy()
+        rig.client.register(src)
+        rig.trace.clear()
+        assert rig.client.put_from(keys, [src[i * 512:(i + 1) * 512]
+                                          for i in range(len(keys))]) == [None] * len(keys)
+    assert sorted(rig.sent("PutCommit")) == [0, 1] and rig.sent("PutEnd") == []
+    assert rig.client.stats.one_call_puts == len(keys)
+    assert rig.client.get_many(keys) == values
 
 
 def test_each_shards_pool_holds_a_share_of_the_budget() -> None:
