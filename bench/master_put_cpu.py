@@ -30,6 +30,7 @@ from kvstore.master.metrics import MasterMetrics
 from kvstore.master.nodes import NodeLinks, _Link
 from kvstore.master.service import MasterService
 from kvstore.rpc import delta_columns
+from kvstore.rpc.columns import READS as COLUMNS
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import store_pb2 as spb
 
@@ -94,7 +95,8 @@ async def run(batches: int, batch: int, profile: str) -> float:
     for b in range(batches + 20):
         keys = [f"w0-{b}-{i}".encode() for i in range(batch)]
         starts.append(pb.PutStartRequest(keys=keys, sizes=[SIZE] * batch, checksums=[7] * batch,
-                                         writer="w0").SerializeToString())
+                                         writer="w0", columns_version=COLUMNS,  # as clients ask
+                                         ).SerializeToString())
         ends.append(pb.KeysRequest(keys=keys, writer="w0").SerializeToString())
 
     async def call(method: str, request: Any, payload: bytes) -> None:

@@ -356,8 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(docs/scaling.md); the node's DRAM is split between them")
     p.add_argument("--two-call-puts", action="store_true",
                    help="our clients start no space ahead for one-call puts: every put "
-                        "takes PutStart and PutEnd, as with several shards (to compare "
-                        "one shard with several on the same put path)")
+                        "takes PutStart and PutEnd (to compare the two put paths, at one "
+                        "shard or several)")
     p.add_argument("--json", help="write every figure here")
     p.add_argument("--keep-logs", action="store_true", help="keep the temporary log directory")
     p.add_argument("--worker", choices=["ours", "mooncake"], help=argparse.SUPPRESS)

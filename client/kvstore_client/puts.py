@@ -66,16 +66,18 @@ def checked_values(keys: Sequence[bytes],
 
 
 def put_many(st: ClientState, keys: Sequence[bytes], values: Sequence[Any],
-             staging: Staging | None = None) -> Flow[list[KVStoreError | None]]:
+             staging: Staging | None = None, shard: int = 0) -> Flow[list[KVStoreError | None]]:
     """Per key: None once stored (or already stored: same key, same bytes), else the
-    error. Through `staging` (default: the client's staging buffer)."""
+    error. Through `staging` (default: the client's staging buffer). `shard`: the master
+    shard every key is of (a part of a batch over several shards, sharded.py), whose
+    pool of space started ahead the put takes from."""
     checked, views = checked_values(keys, values)
     stg = st.staging if staging is None else staging
     results: list[KVStoreError | None] = [None] * len(checked)
     # A put small enough to carry put records leaves room for each after its value in
     # the staging buffer: the record then moves with the value, as one transfer.
     tails = ([record_bytes(len(k)) for k in checked]
-             if st.reservations is not None and len(checked) <= RECORDS_UP_TO
+             if st.reservations_of(shard) is not None and len(checked) <= RECORDS_UP_TO
              else [0] * len(checked))
     # Batches larger than the staging buffer go in slices that fit; each group's values
     # are copied in just before its PutStart (while the group before it moves).
@@ -90,7 +92,7 @@ def put_many(st: ClientState, keys: Sequence[bytes], values: Sequence[Any],
             for dest, view in zip(srcs[a:b], views[base + a:base + b], strict=True):
                 dest.view[:] = view
 
-        part = yield from _put(st, checked[lo:hi], srcs, fill)
+        part = yield from _put(st, checked[lo:hi], srcs, fill, shard)
         results[lo:hi] = part
     return results
 
@@ -110,30 +112,36 @@ def checked_sources(st: ClientState, keys: Sequence[bytes],
     return checked, [st.dest(b) for b in buffers]
 
 
-def put_sources(st: ClientState, keys: list[bytes],
-                srcs: list[Dest]) -> Flow[list[KVStoreError | None]]:
-    """put_from of keys and sources already checked (`checked_sources`)."""
-    return (yield from _put(st, keys, srcs))
+def put_sources(st: ClientState, keys: list[bytes], srcs: list[Dest],
+                shard: int = 0) -> Flow[list[KVStoreError | None]]:
+    """put_from of keys and sources already checked (`checked_sources`), all of them
+    shard `shard`'s (see put_many)."""
+    return (yield from _put(st, keys, srcs, None, shard))
 
 
 def _put(st: ClientState, keys: list[bytes], srcs: list[Dest],
-         fill: Callable[[int, int], None] | None = None) -> Flow[list[KVStoreError | None]]:
+         fill: Callable[[int, int], None] | None = None,
+         shard: int = 0) -> Flow[list[KVStoreError | None]]:
     """Into space started ahead (one control call, see reservations.py) when the client
     holds it for every object, else the plain way; then ask for space for the next
     batch of this shape. A batch large enough to be pipelined goes the plain way: its
     control calls already overlap its transfers, and moving it all at once is slower
-    over the engine than in pipelined groups (figures: docs/client-internals.md)."""
-    rs = st.reservations
+    over the engine than in pipelined groups (figures: docs/client-internals.md).
+    Every key is shard `shard`'s: its pool, and that shard's leader epoch (the steps
+    carry no shard: sharded.fan_out sends them to the part's)."""
+    rs = st.reservations_of(shard)
     sizes = [d.view.nbytes for d in srcs]
     if rs is None or len(st.pipelined(sizes)) > 1:
         return (yield from _put_plain(st, keys, srcs, fill))
-    taken = rs.take(sizes, st.replicas, st.epoch)
+    taken = rs.take(sizes, st.replicas, st.epoch_of(shard))
     if taken is None and rs.asking():
-        yield Settle()  # the space asked for after the last put: wait for it this once
-        taken = rs.take(sizes, st.replicas, st.epoch)
+        # The space asked for after the last put: wait for it this once. (One Later
+        # call is in flight at a time, so a pool still asking is the one it answers.)
+        yield Settle()
+        taken = rs.take(sizes, st.replicas, st.epoch_of(shard))
     if taken is not None:
         if st.answering({target for r in taken for target, _ in r.locations}):
-            results = yield from _put_reserved(st, keys, srcs, fill, taken)
+            results = yield from _put_reserved(st, rs, keys, srcs, fill, taken)
         else:
             for r in taken:
                 rs.give_back(r, st.replicas)
@@ -168,14 +176,12 @@ def _reserve(st: ClientState, rs: Reservations, sizes: list[int], key_len: int) 
             columns_version=COLUMNS), granted)
 
 
-def _put_reserved(st: ClientState, keys: list[bytes], srcs: list[Dest],
+def _put_reserved(st: ClientState, rs: Reservations, keys: list[bytes], srcs: list[Dest],
                   fill: Callable[[int, int], None] | None,
                   taken: list[Reserved]) -> Flow[list[KVStoreError | None]]:
-    """Write each value into its placeholder (checksums computed while the bytes move),
-    then PutCommit. What did not land, or what the master no longer holds for us, is put
-    again the plain way."""
-    rs = st.reservations
-    assert rs is not None
+    """Write each value into its placeholder (taken from `rs`; checksums computed while
+    the bytes move), then PutCommit. What did not land, or what the master no longer
+    holds for us, is put again the plain way."""
     n = len(keys)
     if fill is not None:
         fill(0, n)

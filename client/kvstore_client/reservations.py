@@ -36,18 +36,29 @@ already waiting when the commit is sent. A steady stream of same-shaped batches 
 KV blocks) always finds them. Small batches (single puts) refill up to REFILL_TO
 placeholders at once when they run low, so that their PutStart, and the intents it
 sends to the node, are shared by many puts.
+
+Several master shards (docs/scaling.md): a placeholder and the key it becomes must be
+one shard's, since only that shard's leader knows either and each refuses a call naming
+another's. So a client of several shards keeps one pool per shard, each asked of and
+committed at its own shard, and names each pool's placeholders so that they route there:
+`names` skips the numbers whose placeholder (as the masters store it, under the tenant's
+prefix) hashes to another shard. The numbers of one writer's pools are then disjoint
+without any coordination between them. The client's budget is split evenly between the
+pools, as each shard owns an even part of every node's segment.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter, deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import count
 from typing import Any
 
 from kvstore.errors import Code
 from kvstore.rpc.columns import MalformedReply, placed
+from kvstore.shards import shard_of
 from kvstore_client.clock import MONOTONIC, Clock
 
 DEFAULT_BUDGET = 32 << 20  # bytes of placeholders a client holds at most
@@ -65,6 +76,24 @@ PREFIX = b"~put/"
 Shape = tuple[int, int]  # (size, replicas)
 
 
+def names(writer: str, shard: int = 0, shards: int = 1, route: bytes = b"") -> Iterator[bytes]:
+    """The placeholder keys of `writer`'s pool for shard `shard` of `shards`, in the
+    order the pool uses them: `~put/<writer>/<n>` for n = 1, 2, ..., skipping each n
+    whose key, after `route` (the tenant's key prefix, which the masters store it
+    under), is another shard's. With one shard, every n."""
+    base = PREFIX + writer.encode() + b"/"
+    if shards <= 1:
+        return (base + b"%d" % n for n in count(1))
+    return _routed(base, shard, shards, route)
+
+
+def _routed(base: bytes, shard: int, shards: int, route: bytes) -> Iterator[bytes]:
+    for n in count(1):
+        name = base + b"%d" % n
+        if shard_of(route + name, shards) == shard:
+            yield name
+
+
 @dataclass(slots=True)
 class Reserved:
     """One placeholder: its key, size, where its replicas sit, and until when (on the
@@ -80,11 +109,15 @@ class Reserved:
 
 
 class Reservations:
-    __slots__ = ("_asked", "_cool", "_epoch", "_last", "_names", "_pool", "_prefix",
+    __slots__ = ("_asked", "_cool", "_epoch", "_last", "_names", "_pool",
                  "_unsettled", "budget", "clock", "held", "max_age", "stale")
 
     def __init__(self, writer: str, budget: int = DEFAULT_BUDGET,
-                 max_age: float = MAX_AGE, clock: Clock = MONOTONIC) -> None:
+                 max_age: float = MAX_AGE, clock: Clock = MONOTONIC,
+                 shard: int = 0, shards: int = 1, route: bytes = b"") -> None:
+        """A pool of `budget` bytes; on a cluster of several master shards, the pool of
+        shard `shard` of `shards`, its placeholders named to route there under `route`,
+        the client's key prefix (see `names`)."""
         if budget < 0:
             raise ValueError(f"reservation budget must be >= 0 bytes, got {budget}")
         self.budget = budget
@@ -93,8 +126,7 @@ class Reservations:
         self.held = 0  # bytes in the pool and asked for
         self._pool: dict[Shape, deque[Reserved]] = {}
         self._asked: Counter[Shape] = Counter()  # placeholders asked for, not answered yet
-        self._prefix = PREFIX + writer.encode() + b"/"
-        self._names = count(1)
+        self._names = names(writer, shard, shards, route)
         self._epoch = 0  # of the placeholders in the pool
         self._cool: dict[Shape, float] = {}  # shape -> not asked for again before then
         self._last: tuple[int, set[int]] = (0, set())  # the previous put: replicas, sizes
@@ -185,8 +217,8 @@ class Reservations:
                     continue
             self._asked[shape] += missing
             self.held += need
-            prefix, names = self._prefix, self._names
-            out += [(prefix + b"%d" % next(names), size) for _ in range(missing)]
+            named = self._names
+            out += [(next(named), size) for _ in range(missing)]
         return out or None
 
     def granted(self, asked: list[tuple[bytes, int]], replicas: int, reply: Any,

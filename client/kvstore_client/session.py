@@ -189,13 +189,13 @@ class Session:
             others[shard] = self._open(record, given[shard])
 
     def _fit_state(self) -> None:
-        """What a client of several shards does not do (yet): start space ahead for puts
-        (a placeholder and the key it becomes must be one shard's; see sharded.py); and
-        the key prefix its flows route by."""
+        """What a client of several shards holds per shard: a pool of space started
+        ahead for each (a placeholder and the key it becomes must be one shard's; see
+        sharded.py), and the key prefix its flows and placeholders route by."""
         state = getattr(self, "_state", None)
         if state is not None and self._shards > 1:
-            state.reservations = None
             state.key_prefix = self._key_prefix
+            state.shard_pools(self._shards, self._key_prefix)
 
     def _reconnect_quietly(self, shard: int = 0) -> Io[None]:
         with contextlib.suppress(KVStoreError):  # the next attempt reports the failure
@@ -308,17 +308,21 @@ class Session:
         yield  # a generator, like every step's handler
 
     def _close(self) -> Io[None]:
-        """Free the placeholders left (a master that does not answer soon reclaims them
-        itself after its put timeout), then the channel and the data side."""
+        """Free the placeholders left, every shard's at its own master (a master that
+        does not answer soon reclaims them itself after its put timeout), then the
+        channels and the data side."""
         control, state = self._control, getattr(self, "_state", None)
-        if control is not None and state is not None and state.reservations is not None:
+        pools = state.all_pools() if state is not None else []
+        if control is not None and state is not None and pools:
             if self._later is not None:
                 yield from self._settle_later()
-            left = state.reservations.drain()
-            if left:
-                with contextlib.suppress(Retry, KVStoreError):
-                    yield Call(control, "PutRevoke", pb.KeysRequest(
-                        keys=left, writer=state.writer_id), min(1.0, self.timeout), True)
+            for shard, rs in pools:
+                left = rs.drain()
+                to = self._channel(shard)
+                if left and to is not None:
+                    with contextlib.suppress(Retry, KVStoreError):
+                        yield Call(to, "PutRevoke", pb.KeysRequest(
+                            keys=left, writer=state.writer_id), min(1.0, self.timeout), True)
         self._control = None
         if control is not None:
             yield Close(control)

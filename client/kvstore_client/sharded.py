@@ -26,9 +26,14 @@ reported, and the Lease holds each shard's own lease (`Lease.parts`).
 
 With one shard none of this runs: the session calls flows.py directly.
 
-Space started ahead for one-call puts (reservations.py) is not used here: a placeholder
-and the key it becomes must belong to one shard, and the pool is not kept per shard;
-so a put of a client of several shards always takes PutStart and PutEnd.
+Space started ahead for one-call puts (reservations.py) is kept per shard: a
+placeholder and the key it becomes must be one shard's, so each shard has its own pool,
+whose placeholders are named to route to it (`reservations.names`). Each part of a put
+runs the one-shard put flow with its shard's pool: one PutCommit to its shard when the
+pool holds a placeholder for each of its values, else PutStart and PutEnd there, as a
+client of one shard does; the refill asked after it (a `Later` step) goes to the same
+shard. One Later call is in flight at a time (session.py), so a part's refill sent
+after another part's reads that one's reply first.
 """
 
 from __future__ import annotations
@@ -191,7 +196,8 @@ def put_many(st: ClientState, keys: Sequence[bytes], values: Sequence[Any],
     checked, views = puts.checked_values(keys, values)
     parts = split(checked, shards, st.key_prefix)
     got = yield from fan_out([
-        (k, puts.put_many(st, _pick(checked, pos), _pick(views, pos), st.staging_of(k, shards)))
+        (k, puts.put_many(st, _pick(checked, pos), _pick(views, pos), st.staging_of(k, shards),
+                          k))
         for k, pos in parts])
     return merge(len(checked), parts, got, _per_key(checked))
 
@@ -200,7 +206,8 @@ def put_from(st: ClientState, keys: Sequence[bytes], buffers: Sequence[Any],
              shards: int) -> Flow[list[KVStoreError | None]]:
     checked, srcs = puts.checked_sources(st, keys, buffers)
     parts = split(checked, shards, st.key_prefix)
-    got = yield from fan_out([(k, puts.put_sources(st, _pick(checked, pos), _pick(srcs, pos)))
+    got = yield from fan_out([(k, puts.put_sources(st, _pick(checked, pos), _pick(srcs, pos),
+                                                   k))
                               for k, pos in parts])
     return merge(len(checked), parts, got, _per_key(checked))
 

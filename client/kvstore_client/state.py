@@ -120,8 +120,12 @@ class ClientState(DataPath):
         # itself (a put while no store node has mounted) may spend of one call.
         self.timeout = timeout
         self.placements = placements if placements is not None else Placements(clock=clock)
+        # Space started ahead for puts (reservations.py): shard 0's pool (the only one
+        # with one shard); each other master shard's is in `pools` (see `shard_pools`).
         self.reservations = (Reservations(writer_id, reserve_bytes, clock=clock)
                              if reserve_bytes else None)
+        self.pools: dict[int, Reservations] = {}
+        self._pools_for: tuple[int, bytes] = (1, b"")  # (shards, key prefix) they route by
         # The newest leader epoch the driver has seen: replies of older ones are refused,
         # and space started ahead under an older leader is never written. Of shard 0;
         # each other master shard has its own, in `epochs` (one says nothing of another).
@@ -155,6 +159,36 @@ class ClientState(DataPath):
             return False
         self.epoch = reply.epoch
         return True
+
+    def epoch_of(self, shard: int) -> int:
+        """The newest leader epoch seen of shard `shard` (0: none yet)."""
+        return self.epochs.get(shard, 0) if shard else self.epoch
+
+    def reservations_of(self, shard: int) -> Reservations | None:
+        """Shard `shard`'s pool of space started ahead (None: puts there go the plain
+        way)."""
+        return self.pools.get(shard) if shard else self.reservations
+
+    def all_pools(self) -> list[tuple[int, Reservations]]:
+        """Every shard's pool, by shard."""
+        first = [(0, self.reservations)] if self.reservations is not None else []
+        return first + sorted(self.pools.items())
+
+    def shard_pools(self, shards: int, key_prefix: bytes) -> None:
+        """One pool per master shard for a cluster of `shards` (reservations.py: a
+        placeholder must be its key's shard's), each named to route to its shard under
+        `key_prefix` and holding an even share of the budget. Done once, when the
+        client first learns the shard count, before any put; a later call for the same
+        cluster keeps the pools and what they hold."""
+        if (shards, key_prefix) == self._pools_for or self.reservations is None:
+            return
+        first = self.reservations
+        self._pools_for = (shards, key_prefix)
+        share = first.budget // max(shards, 1)
+        made = [Reservations(self.writer_id, share, first.max_age, first.clock, k, shards,
+                             key_prefix) for k in range(max(shards, 1))]
+        self.reservations = made[0]
+        self.pools = dict(enumerate(made[1:], start=1))
 
     def hold_lease(self, parts: dict[int, LeasePart]) -> int:
         """Name a lease over several shards (its parts), for `shard_leases`; leases long

@@ -8,6 +8,7 @@ client's next control call, as the real synchronous driver does.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from kvstore.errors import Code
+from kvstore.shards import shard_of
 from kvstore.v1 import master_pb2 as pb
 from kvstore_client import AsyncKVStoreClient, datapath, reservations
 from kvstore_client.reservations import DEPTH, Reservations
@@ -456,3 +458,24 @@ def test_placeholders_granted_in_columns_join_the_pool_and_too_few_replicas_rest
     assert asked is not None
     rs.granted(asked, 2, answer(asked, 1), time.monotonic())
     assert len(rs) == 0 and sorted(rs.expired()) == sorted(k for k, _ in asked)
+
+
+@pytest.mark.parametrize("prefix", [b"", b"team-a/"], ids=["no-tenant", "tenant"])
+@pytest.mark.parametrize("shards", [1, 2, 3, 4])
+def test_each_shards_placeholders_route_to_that_shard(shards: int, prefix: bytes) -> None:
+    """A placeholder and the key it becomes must be one shard's (the master refuses a
+    foreign one): every placeholder of shard k's pool hashes to shard k, as the masters
+    store it (under the tenant's prefix), and no two pools of one writer share a name."""
+    seen: set[bytes] = set()
+    for k in range(shards):
+        rs = Reservations("w1", 1 << 30, shard=k, shards=shards, route=prefix)
+        asked = _ask(rs, [SIZE] * 8)
+        assert asked is not None and len(asked) == 8 * DEPTH
+        named = [name for name, _ in asked]
+        named += list(itertools.islice(reservations.names("w1", k, shards, prefix), 200))
+        assert all(shard_of(prefix + n, shards) == k for n in named)
+        assert all(n.startswith(reservations.PREFIX + b"w1/") for n in named)
+        assert not seen & set(named)
+        seen |= set(named)
+    if shards == 1:  # one shard: every number, as before shards
+        assert [n for n, _ in _ask(Reservations("w1"), [SIZE]) or []][:2] == [b"~put/w1/1", b"~put/w1/2"]

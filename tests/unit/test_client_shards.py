@@ -14,13 +14,15 @@ import asyncio
 import itertools
 from typing import Any
 
+import numpy as np
 import pytest
 
 from kvstore.coord.layout import Layout, MasterRecord
 from kvstore.errors import Code, LeaseNotFound, Unavailable, WrongShard
 from kvstore.shards import shard_of
 from kvstore.v1 import master_pb2 as pb
-from kvstore_client import AsyncKVStoreClient, KVStoreClient, discovery
+from kvstore_client import AsyncKVStoreClient, KVStoreClient, discovery, reservations
+from kvstore_client.reservations import Reservations
 from kvstore_client.staging import Staging
 from kvstore_client.state import ClientState, Lease
 from tests.unit.test_client_data_path import (
@@ -56,7 +58,8 @@ class ShardMaster(FakeMaster):
         if self.down:
             raise Unavailable(f"shard {self.shard}'s master is down (fake)")
         keys = list(getattr(request, "keys", []))
-        foreign = [k for k in keys if shard_of(k, self.shards) != self.shard]
+        named = keys + list(getattr(request, "placeholders", []))
+        foreign = [k for k in named if shard_of(k, self.shards) != self.shard]
         if foreign:
             raise WrongShard(f"{foreign[0]!r} is not shard {self.shard}'s")
         if keys or method in ("PutStart", "GetReplicas", "PutEnd"):
@@ -506,3 +509,87 @@ def test_list_keys_asks_every_shard_and_merges_in_key_order(rig: ShardRig) -> No
     assert sorted(rig.sent("ListKeys")) == [0, 1]
     whole = rig.client._call("ListKeys", pb.ListKeysRequest(prefix=b"k", limit=50))
     assert [o.key for o in whole.objects] == sorted(keys) and not whole.truncated
+
+
+def _even(prefix: bytes, per_shard: int = 4) -> list[bytes]:
+    """Keys with `per_shard` of each shard's: every batch's parts have one shape."""
+    out: list[bytes] = []
+    count = dict.fromkeys(range(SHARDS), 0)
+    for key in keys_of(64, prefix):
+        k = shard_of(key, SHARDS)
+        if count[k] < per_shard:
+            count[k] += 1
+            out.append(key)
+    assert len(out) == per_shard * SHARDS
+    return out
+
+
+@pytest.mark.parametrize("aio", [False, True], ids=["sync", "async"])
+def test_a_batch_over_both_shards_commits_in_one_call_at_each(
+        monkeypatch: pytest.MonkeyPatch, aio: bool) -> None:
+    """Space started ahead per shard (reservations.py): from the third batch of a shape
+    on, each shard's part is one PutCommit at its own shard, of placeholders of its own
+    pool (a foreign placeholder would be refused whole, as WrongShard), and each refill
+    is asked of the part's shard."""
+    small_thresholds(monkeypatch)
+    monkeypatch.setattr(reservations, "REFILL_TO", 0)
+    rig = ShardRig(aio=aio)
+    rig.state.reservations = Reservations(rig.state.writer_id, 1 << 20)
+    rig.state.shard_pools(SHARDS, b"")
+    batches = [(_even(b"b%d-" % j), [bytes([j]) * 512] * 8) for j in range(4)]
+
+    def put(keys: list[bytes], values: list[bytes]) -> list[Any]:
+        if not aio:
+            return rig.client.put_many(keys, values)  # type: ignore[no-any-return]
+        return asyncio.run(rig.client.put_many(keys, values))  # type: ignore[no-any-return]
+
+    for keys, values in batches[:2]:
+        assert put(keys, values) == [None] * 8
+    assert rig.client.stats.one_call_puts == 0  # the first of a shape, then the one that asks
+    for keys, values in batches[2:]:
+        rig.trace.clear()
+        assert put(keys, values) == [None] * 8
+        assert sorted(rig.sent("PutCommit")) == [0, 1]
+        # No PutStart of the batch's keys, no PutEnd: the PutStarts are the refills.
+        assert rig.sent("PutEnd") == [] and sorted(rig.sent("PutStart")) == [0, 1]
+    assert rig.client.stats.one_call_puts == 16
+    for m in rig.masters:
+        held = [p for p in m.pending if p.startswith(reservations.PREFIX)]
+        assert held and all(shard_of(p, SHARDS) == m.shard for p in held)
+        assert len(held) == reservations.DEPTH * 4  # DEPTH parts' worth, as one shard's
+    got = rig.client.get_many(batches[2][0]) if not aio else \
+        asyncio.run(rig.client.get_many(batches[2][0]))
+    assert got == batches[2][1]
+
+
+def test_zero_copy_puts_over_both_shards_commit_in_one_call_at_each(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    small_thresholds(monkeypatch)
+    monkeypatch.setattr(reservations, "REFILL_TO", 0)
+    rig = ShardRig()
+    rig.state.reservations = Reservations(rig.state.writer_id, 1 << 20)
+    rig.state.shard_pools(SHARDS, b"")
+    for j in range(3):
+        keys = _even(b"z%d-" % j)
+        values = [bytes([j + 1]) * 512] * len(keys)
+        src = np.frombuffer(b"".join(values), dtype=np.uint8).copy()
+        rig.client.register(src)
+        rig.trace.clear()
+        assert rig.client.put_from(keys, [src[i * 512:(i + 1) * 512]
+                                          for i in range(len(keys))]) == [None] * len(keys)
+    assert sorted(rig.sent("PutCommit")) == [0, 1] and rig.sent("PutEnd") == []
+    assert rig.client.stats.one_call_puts == len(keys)
+    assert rig.client.get_many(keys) == values
+
+
+def test_each_shards_pool_holds_a_share_of_the_budget() -> None:
+    rig = ShardRig(shards=4)
+    rig.state.reservations = Reservations(rig.state.writer_id, 1 << 20)
+    rig.state.shard_pools(4, b"t/")
+    pools = rig.state.all_pools()
+    assert [k for k, _ in pools] == [0, 1, 2, 3]
+    assert all(rs.budget == (1 << 20) // 4 for _, rs in pools)
+    assert rig.state.reservations_of(2) is pools[2][1]
+    # Asked again (every connect fits the state): the same pools, not new ones.
+    rig.state.shard_pools(4, b"t/")
+    assert rig.state.all_pools() == pools
