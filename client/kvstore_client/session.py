@@ -77,7 +77,9 @@ class Session:
     phase_timer: Any = None
     _closed = False
     _control: Control[Any] | None = None
-    _later: tuple[_Asked, Any] | None = None  # a Later step's call, its reply not read yet
+    # Per shard, a Later step's call whose reply is not read yet: a connection answers in
+    # order, so it is read before that shard's next reply, and no other shard waits on it.
+    _later: dict[int, tuple[_Asked, Any]]
     _state: ClientState
     # The cluster's master shards (learned at the first connect); `_control` is shard
     # 0's channel, `_others` the other shards' (made at each one's first call), and
@@ -101,6 +103,7 @@ class Session:
         self._fixed_master = opts.master
         self._fast_given_up = ""  # a fast address that would not take connections
         self.master_address = ""  # where control calls go (the fast or the gRPC address)
+        self._later = {}
 
     @property
     def stats(self) -> ClientStats:
@@ -206,7 +209,7 @@ class Session:
         a failover, retrying with bounded backoff, and fails with Unavailable once
         `timeout` has passed. `spin` False: engine transfers of this call are moving, so
         the reply is waited for asleep rather than polled for."""
-        if self._later is not None:
+        if shard in self._later:
             # Sent before the Later call's reply is read (a connection answers in order):
             # the master works on this one while the client takes in that one.
             asked = yield from (self._ask(method, request, shard) if shard else
@@ -245,8 +248,8 @@ class Session:
         if asked.control is not None:
             with contextlib.suppress(Retry):
                 asked.handle = asked.control.ask(method, request, self.timeout)
-        if self._later is not None:
-            yield from self._settle_later()
+        if shard in self._later:
+            yield from self._settle_later(shard)
         return asked
 
     def _answer(self, asked: _Asked, spin: bool = True) -> Io[Any]:
@@ -275,14 +278,12 @@ class Session:
         if asked.handle is None:
             then(None)
         else:
-            self._later = (asked, then)
+            self._later[shard] = (asked, then)
 
-    def _settle_later(self) -> Io[None]:
-        """Read the reply of the Later call in flight and hand it on (None if it failed:
-        nobody retries it, nobody waits for it)."""
-        assert self._later is not None
-        asked, then = self._later
-        self._later = None
+    def _settle_later(self, shard: int) -> Io[None]:
+        """Read the reply of shard `shard`'s Later call in flight and hand it on (None if
+        it failed: nobody retries it, nobody waits for it)."""
+        asked, then = self._later.pop(shard)
         reply = None
         control = self._channel(asked.shard)
         if control is not None and control is asked.control:
@@ -314,8 +315,8 @@ class Session:
         control, state = self._control, getattr(self, "_state", None)
         pools = state.all_pools() if state is not None else []
         if control is not None and state is not None and pools:
-            if self._later is not None:
-                yield from self._settle_later()
+            for shard in list(self._later):
+                yield from self._settle_later(shard)
             for shard, rs in pools:
                 left = rs.drain()
                 to = self._channel(shard)
@@ -380,8 +381,8 @@ class Session:
             return (yield from self._send_later(step.method, step.request, step.then,
                                                 step.shard))
         if isinstance(step, steps.Settle):
-            if self._later is not None:
-                yield from self._settle_later()
+            for shard in list(self._later):  # whichever shard's pool asked
+                yield from self._settle_later(shard)
             return None
         if isinstance(step, steps.Release):
             if step.shard or step.keep_first:
@@ -393,16 +394,15 @@ class Session:
 
     def _read_quick(self, key: bytes, dest: Dest | None) -> Io[memoryview | quick.Slow | None]:
         """A single get in straight-line code (quick.py), or quick.SLOW for the flow; never
-        while a Later call's reply is unread (the flow's next call reads it first)."""
-        if self._later is not None:
-            return quick.SLOW
+        while a Later call's reply is unread on its shard's channel (the flow's next call
+        there reads it first)."""
         control, shard = self._control, 0
         if self._shards > 1:
             if type(key) is not bytes:
                 return quick.SLOW  # the flow converts bytearray and memoryview keys
             shard = shard_of(self._key_prefix + key, self._shards)
             control = self._channel(shard)
-        if control is None:
+        if control is None or shard in self._later:
             return quick.SLOW
         timer = self.phase_timer
         if timer is None:

@@ -276,7 +276,7 @@ class Rig:
         self.client._release = io(self.master.release)  # type: ignore[method-assign]
         # No control channel: single gets run the flow too (quick.py has its own tests).
         self.client._control = None
-        self.client._later = None
+        self.client._later = {}
 
         # Per control reply waited for: (method or "answer", whether it may be polled for).
         self.spins: list[tuple[str, bool]] = []
@@ -368,7 +368,7 @@ class DriverRig(Rig):
             delattr(c, patched)
         c._control = FakeControl(self.master)  # type: ignore[assignment]
         c.timeout = 5.0
-        c._later = None
+        c._later = {}
         c.master_address = FakeControl.address
 
     def put(self, key: bytes, value: bytes) -> None:
@@ -616,6 +616,7 @@ def test_put_many_and_get_many_through_staging(rig: Rig) -> None:
 
 def test_async_client_pipelines_and_waits_the_same_way(rig: Rig) -> None:
     client = AsyncKVStoreClient.__new__(AsyncKVStoreClient)
+    client._later = {}
     client._state = rig.state
 
     def call(method: str, request: Any, spin: bool = True) -> Any:
@@ -788,6 +789,7 @@ def test_a_removed_key_is_forgotten(rig: Rig) -> None:
 
 def test_the_async_client_reads_early_the_same_way(rig: Rig) -> None:
     client = AsyncKVStoreClient.__new__(AsyncKVStoreClient)
+    client._later = {}
     client._state = rig.state
     asked: list[str] = []
 

@@ -45,8 +45,8 @@ class ReservingRig(DriverRig):
     def settle(self) -> None:
         """Read the reply of the Later call in flight, as the driver does before its next
         control call."""
-        if self.client._later is not None:
-            self.client._drive(self.client._settle_later())
+        for shard in list(self.client._later):
+            self.client._drive(self.client._settle_later(shard))
 
     def placeholders(self) -> list[bytes]:
         return [k for k in self.master.pending if k.startswith(reservations.PREFIX)]
@@ -299,6 +299,7 @@ class AsyncFakeControl(FakeControl):
 
 def test_the_async_client_commits_in_one_call_too(rig: ReservingRig) -> None:
     client = AsyncKVStoreClient.__new__(AsyncKVStoreClient)
+    client._later = {}
     client._state = rig.state
     client._background = set()
     methods: list[str] = []

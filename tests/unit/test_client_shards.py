@@ -165,7 +165,7 @@ class ShardRig:
         c._state = self.state
         c.timeout = 5.0
         c.transport = "fast"
-        c._later = None
+        c._later = {}
         c.master_address = "fake-master-0"
         c._shards, c._counted = shards, True
         controls = [(AsyncShardControl if aio else ShardControl)(m, self.trace)
@@ -552,6 +552,11 @@ def test_a_batch_over_both_shards_commits_in_one_call_at_each(
         assert sorted(rig.sent("PutCommit")) == [0, 1]
         # No PutStart of the batch's keys, no PutEnd: the PutStarts are the refills.
         assert rig.sent("PutEnd") == [] and sorted(rig.sent("PutStart")) == [0, 1]
+        if not aio:
+            # Each refill's reply is left for its own shard's next call: the second
+            # part's refill did not wait for the first's (a connection answers in order,
+            # two shards' connections do not answer each other's).
+            assert sorted(rig.client._later) == [0, 1]
     assert rig.client.stats.one_call_puts == 16
     for m in rig.masters:
         held = [p for p in m.pending if p.startswith(reservations.PREFIX)]
