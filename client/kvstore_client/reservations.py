@@ -33,10 +33,9 @@ way. It keeps, per (size, replicas), DEPTH times as many placeholders as the las
 of that shape used: a put takes placeholders granted before the previous put, so the
 refill asked after the previous put has the whole transfer to arrive, and its reply is
 already waiting when the commit is sent. A steady stream of same-shaped batches (vLLM's
-KV blocks) always finds them. A shape that runs low is refilled beyond that in one go
-(up to REFILL_BATCHES batches, and small batches, single puts, up to REFILL_TO
-placeholders) where the budget allows, so that a PutStart, and the intents it sends to
-the node, are shared by several puts.
+KV blocks) always finds them. Small batches (single puts) refill up to REFILL_TO
+placeholders at once when they run low, so that their PutStart, and the intents it
+sends to the node, are shared by many puts.
 
 Several master shards (docs/scaling.md): a placeholder and the key it becomes must be
 one shard's, since only that shard's leader knows either and each refuses a call naming
@@ -71,12 +70,6 @@ DEPTH = 2
 # once per that many puts, not once per put (each ask is a control call and a delta to
 # the node for the master).
 REFILL_TO = 16
-# A shape running below DEPTH batches is refilled up to this many batches at once where
-# the budget allows (DEPTH batches otherwise): a stream of same-shaped batches then asks
-# once per REFILL_BATCHES - DEPTH + 1 puts instead of after every put. On a small host
-# a control call's fixed cost (its messages, the master's and the node's wake-ups) is
-# most of what a PutStart of a batch costs (docs/perf-notes.md).
-REFILL_BATCHES = 4
 MAX_AGE = 5.0  # seconds after its PutStart was sent that a placeholder is still written
 PREFIX = b"~put/"
 
@@ -214,11 +207,9 @@ class Reservations:
             missing = DEPTH * n - have
             if missing <= 0:
                 continue
-            # Refill in one go: small batches up to REFILL_TO placeholders, any up to
-            # REFILL_BATCHES batches, where the budget allows.
-            fill = max(REFILL_TO, REFILL_BATCHES * n) - have
-            if fill > missing and self.held + fill * size * copies <= self.budget:
-                missing = fill
+            if REFILL_TO - have > missing and \
+                    self.held + (REFILL_TO - have) * size * copies <= self.budget:
+                missing = REFILL_TO - have  # small batches: refill in one go (REFILL_TO)
             need = missing * size * copies
             if self.held + need > self.budget:
                 self._shrink(need)

@@ -128,10 +128,8 @@ def test_one_control_call_per_put_and_nothing_left_behind(cluster: Cluster, shar
         # waits for the store nodes' record instead. At two shards each shard's part is
         # small enough to carry them.
         assert a.stats.recorded_puts == (0 if shards == 1 else 2 * N)
-        # The second put asked for REFILL_BATCHES batches' worth, the next two took one
-        # each, and DEPTH batches were left, not yet below DEPTH: held (PENDING,
-        # invisible to readers), and nothing asked meanwhile.
-        assert _placeholders(cluster) == max(DEPTH, reservations.REFILL_BATCHES - 2) * N
+        # DEPTH batches' worth of placeholders is held (PENDING, invisible to readers).
+        assert _placeholders(cluster) == DEPTH * N
         with KVStoreClient(etcd=cluster.etcd, same_host=False, placement_memory=0) as b:
             for keys, values in batches:
                 assert b.get_many(keys) == values
@@ -162,11 +160,9 @@ def test_placeholders_the_master_dropped_are_put_again(cluster: Cluster, shards:
             assert a.put_many(keys, values) == [None] * N
         # Settle the refill, then take every placeholder away behind the client's back
         # (as the master does after its put timeout or when their node is lost). Each
-        # pool asked for REFILL_BATCHES parts' worth (DEPTH at least), or REFILL_TO if
-        # that is more.
+        # pool asked for DEPTH parts' worth, or REFILL_TO if that is more.
         assert a.exists(keys) == [True] * N
-        each = max(max(DEPTH, reservations.REFILL_BATCHES) * N // shards,
-                   reservations.REFILL_TO)
+        each = max(DEPTH * N // shards, reservations.REFILL_TO)
         for k in range(shards):
             held = list(itertools.islice(reservations.names(a.writer_id, k, shards), each))
             assert _revoke(cluster, k, held, a.writer_id) == [0] * each

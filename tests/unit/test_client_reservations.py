@@ -54,10 +54,9 @@ class ReservingRig(DriverRig):
 
 @pytest.fixture(autouse=True)
 def _depth_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tests count placeholders by DEPTH batches; the refills in one go
-    (REFILL_TO, REFILL_BATCHES) have tests of their own, which turn them back on."""
+    """These tests count placeholders by DEPTH batches; the refill of small batches in
+    one go (REFILL_TO) has a test of its own, which turns it back on."""
     monkeypatch.setattr(reservations, "REFILL_TO", 0)
-    monkeypatch.setattr(reservations, "REFILL_BATCHES", DEPTH)
 
 
 @pytest.fixture
@@ -481,34 +480,3 @@ def test_each_shards_placeholders_route_to_that_shard(shards: int, prefix: bytes
         seen |= set(named)
     if shards == 1:  # one shard: every number, as before shards
         assert [n for n, _ in _ask(Reservations("w1"), [SIZE]) or []][:2] == [b"~put/w1/1", b"~put/w1/2"]
-
-
-def test_a_stream_of_batches_refills_several_batches_at_once(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Below DEPTH batches the pool asks for REFILL_BATCHES batches' worth at once, so a
-    steady stream of same-shaped batches asks once per REFILL_BATCHES - DEPTH + 1 puts;
-    over the budget for that, DEPTH batches only."""
-    monkeypatch.setattr(reservations, "REFILL_BATCHES", 4)
-    batch = [SIZE] * 8
-    rs = Reservations("w", 1 << 20)
-
-    def grant(asked: list[tuple[bytes, int]]) -> None:
-        reply = pb.PutStartResponse(epoch=1, put_timeout=30.0)
-        for _ in asked:
-            reply.items.add().locations.add(node_id="n", segment="s", addr=64, size=SIZE)
-        rs.granted(asked, 1, reply, time.monotonic())
-
-    asked = _ask(rs, batch, 1)
-    assert asked is not None and len(asked) == 4 * 8
-    grant(asked)
-    asks = []
-    for _ in range(9):
-        assert rs.take(batch, 1) is not None
-        got = _ask(rs, batch, 1)
-        asks.append(0 if got is None else len(got) // 8)
-        if got:
-            grant(got)
-    assert asks == [0, 0, 3, 0, 0, 3, 0, 0, 3]  # one PutStart per 3 puts, of 3 batches
-    tight = Reservations("w", 3 * 8 * SIZE)  # room for 3 batches, not 4
-    only = _ask(tight, batch, 1)
-    assert only is not None and len(only) == DEPTH * 8

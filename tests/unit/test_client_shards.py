@@ -533,7 +533,6 @@ def test_a_batch_over_both_shards_commits_in_one_call_at_each(
     is asked of the part's shard."""
     small_thresholds(monkeypatch)
     monkeypatch.setattr(reservations, "REFILL_TO", 0)
-    monkeypatch.setattr(reservations, "REFILL_BATCHES", reservations.DEPTH)
     rig = ShardRig(aio=aio)
     rig.state.reservations = Reservations(rig.state.writer_id, 1 << 20)
     rig.state.shard_pools(SHARDS, b"")
@@ -572,7 +571,6 @@ def test_zero_copy_puts_over_both_shards_commit_in_one_call_at_each(
         monkeypatch: pytest.MonkeyPatch) -> None:
     small_thresholds(monkeypatch)
     monkeypatch.setattr(reservations, "REFILL_TO", 0)
-    monkeypatch.setattr(reservations, "REFILL_BATCHES", reservations.DEPTH)
     rig = ShardRig()
     rig.state.reservations = Reservations(rig.state.writer_id, 1 << 20)
     rig.state.shard_pools(SHARDS, b"")
