@@ -269,7 +269,9 @@ class MasterService(pbg.MasterServicer):
             await wait
         return reply
 
-    def _note_stored(self, keys: list[bytes], codes: Iterable[int]) -> None:
+    def _note_stored(self, keys: list[bytes], codes: Sequence[int]) -> None:
+        if Code.ALREADY_EXISTS not in codes:  # the usual batch: one scan in C, no loop
+            return
         for key, code in zip(keys, codes, strict=False):
             if code == Code.ALREADY_EXISTS:
                 info = self.core.inspect(key)
