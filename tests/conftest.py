@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import signal
 import socket
@@ -25,6 +26,7 @@ import pytest
 
 from kvstore.devcluster import etcd_command, free_port, wait_for_port
 from kvstore.errors import Unavailable
+from kvstore.security.access import new_token, token_hash
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
 
@@ -200,6 +202,21 @@ class Cluster:
     def stop(self) -> None:
         for p in reversed(self.procs):
             p.kill(signal.SIGTERM)
+
+
+def tenant_access(tmp_path: Path) -> tuple[dict[str, str], list[str]]:
+    """Tokens for a client of tenant "a" ("alice"), an admin ("ops") and the store nodes
+    ("nodes"), written as an access file and a node token file under `tmp_path`; the
+    tokens by name, and the flags that give masters and store nodes those files."""
+    tokens = {name: new_token() for name in ("alice", "ops", "nodes")}
+    access = {"tenants": {"a": {}}, "tokens": [
+        {"name": "alice", "role": "client", "tenant": "a", "sha256": token_hash(tokens["alice"])},
+        {"name": "ops", "role": "admin", "sha256": token_hash(tokens["ops"])},
+        {"name": "nodes", "role": "node", "sha256": token_hash(tokens["nodes"])}]}
+    (tmp_path / "access.json").write_text(json.dumps(access))
+    (tmp_path / "node.token").write_text(tokens["nodes"])
+    return tokens, ["--auth-file", str(tmp_path / "access.json"),
+                    "--token-file", str(tmp_path / "node.token")]
 
 
 @pytest.fixture

@@ -135,8 +135,8 @@ def _put(st: ClientState, keys: list[bytes], srcs: list[Dest],
         return (yield from _put_plain(st, keys, srcs, fill))
     taken = rs.take(sizes, st.replicas, st.epoch_of(shard))
     if taken is None and rs.asking():
-        # The space asked for after the last put: wait for it this once. (One Later
-        # call is in flight at a time, so a pool still asking is the one it answers.)
+        # The space asked for after the last put: wait for it this once. (Settle reads
+        # every shard's Later reply in flight, so this pool's too.)
         yield Settle()
         taken = rs.take(sizes, st.replicas, st.epoch_of(shard))
     if taken is not None:

@@ -53,7 +53,7 @@ import math
 from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import count
+from itertools import count, repeat
 from typing import Any
 
 from kvstore.errors import Code
@@ -235,7 +235,6 @@ class Reservations:
             try:
                 cols = placed(reply.columns, len(asked))
             except MalformedReply:
-                cols = None
                 reply = None
         if reply is None or reply.epoch < self._epoch or \
                 (cols is None and len(reply.items) != len(asked)):
@@ -251,31 +250,20 @@ class Reservations:
         room = reply.record_room  # 0 from a master that set none aside: write no record
         pool, ok, held = self._pool, Code.OK, 0
         last, q = -1, deque[Reserved]()  # the queue of the size met last (usually one)
-        if cols is not None:  # every key placed, in columns: no message per range
-            for (key, size), placement, where in zip(asked, *cols, strict=True):
-                if replicas and len(where) != replicas:
-                    self.stale.append(key)  # fewer replicas than asked: not used, freed
-                    continue
+        # Per placeholder: (code, placement, ((segment, node id), addr) per replica).
+        answers: Any = (zip(repeat(ok), *cols) if cols is not None else  # all placed
+                        ((item.code, item.placement,
+                          [((loc.segment, loc.node_id), loc.addr) for loc in item.locations])
+                         for item in reply.items))
+        for (key, size), (code, placement, where) in zip(asked, answers, strict=True):
+            if code == ok and where and (not replicas or len(where) == replicas):
                 if size != last:
                     last = size
                     q = pool.setdefault((size, replicas), deque())
                 q.append(Reserved(key, size, epoch, placement, where, until, room))
                 held += size * len(where)
-            self.held += held
-            return
-        for (key, size), item in zip(asked, reply.items, strict=True):
-            locs = item.locations
-            if item.code == ok and locs and (not replicas or len(locs) == replicas):
-                where = []
-                for loc in locs:
-                    where.append(((loc.segment, loc.node_id), loc.addr))
-                if size != last:
-                    last = size
-                    q = pool.setdefault((size, replicas), deque())
-                q.append(Reserved(key, size, epoch, item.placement, where, until, room))
-                held += size * len(where)
             else:
-                if item.code == Code.OK:
+                if code == ok:
                     self.stale.append(key)  # fewer replicas than asked: not used, freed
                 # Refused (no free space, too few nodes): not asked again for a while, or
                 # every put of a full store would cost the master a refused PutStart.

@@ -32,8 +32,8 @@ whose placeholders are named to route to it (`reservations.names`). Each part of
 runs the one-shard put flow with its shard's pool: one PutCommit to its shard when the
 pool holds a placeholder for each of its values, else PutStart and PutEnd there, as a
 client of one shard does; the refill asked after it (a `Later` step) goes to the same
-shard. One Later call is in flight at a time (session.py), so a part's refill sent
-after another part's reads that one's reply first.
+shard. A Later call is in flight per shard (session.py): a part's refill does not wait
+for another shard's.
 """
 
 from __future__ import annotations

@@ -93,26 +93,9 @@ def fill(columns: Any, results: Iterable[Any], version: int = VERSION) -> None:
     """Write `results` (the core's per-key answers, in request order: code, size,
     checksum, placement, locations of node_id, segment, addr, size, tier) into a
     `ReadColumns` message, in `version`."""
-    lists = SimpleNamespace(codes=[], sizes=[], checksums=[], placements=[], counts=[],
-                            loc_ranges=[], loc_addrs=[], loc_sizes=[], ranges=[])
-    table: dict[tuple[str, str, str], int] = {}
-    for r in results:
-        lists.codes.append(int(r.code))
-        lists.sizes.append(r.size)
-        lists.checksums.append(r.checksum)
-        lists.placements.append(r.placement)
-        locs = r.locations
-        lists.counts.append(len(locs))
-        for loc in locs:
-            where = (loc.node_id, loc.segment, loc.tier)
-            index = table.get(where)
-            if index is None:
-                index = table[where] = len(table)
-            lists.loc_ranges.append(index)
-            lists.loc_addrs.append(loc.addr)
-            lists.loc_sizes.append(loc.size)
-    lists.ranges = list(table)
-    fill_lists(columns, lists, version)
+    results = list(results)
+    _fill_results(columns, results, [int(r.code) for r in results], [r.size for r in results],
+                  [r.checksum for r in results], version)
 
 
 def fill_placed(columns: Any, results: Sequence[Any], sizes: Sequence[int],
@@ -121,6 +104,13 @@ def fill_placed(columns: Any, results: Sequence[Any], sizes: Sequence[int],
     addr, size, tier, and a placement) for keys of `sizes` into a `ReadColumns` message,
     in `version`; checksums are 0 (a placement has none yet)."""
     n = len(results)
+    _fill_results(columns, results, [0] * n, sizes, [0] * n, version)
+
+
+def _fill_results(columns: Any, results: Sequence[Any], codes: Sequence[int],
+                  sizes: Sequence[int], checksums: Sequence[int], version: int) -> None:
+    """`fill_lists` of the per-key columns given and of `results`' placements and
+    locations, flattened, the (node, segment, tier) of each an index into a table."""
     table: dict[tuple[str, str, str], int] = {}
     loc_ranges: list[int] = []
     loc_addrs: list[int] = []
@@ -138,7 +128,7 @@ def fill_placed(columns: Any, results: Sequence[Any], sizes: Sequence[int],
             loc_addrs.append(loc.addr)
             loc_sizes.append(loc.size)
     fill_lists(columns, SimpleNamespace(
-        codes=[0] * n, sizes=sizes, checksums=[0] * n,
+        codes=codes, sizes=sizes, checksums=checksums,
         placements=[r.placement for r in results], counts=counts, loc_ranges=loc_ranges,
         loc_addrs=loc_addrs, loc_sizes=loc_sizes, ranges=list(table)), version)
 

@@ -22,13 +22,12 @@ import grpc
 import pytest
 
 from kvstore.errors import Code
-from kvstore.security.access import new_token, token_hash
 from kvstore.shards import shard_of
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
 from kvstore_client import AsyncKVStoreClient, KVStoreClient, reservations
 from kvstore_client.reservations import DEPTH, PREFIX
-from tests.conftest import Cluster
+from tests.conftest import Cluster, tenant_access
 
 SHARD_COUNTS = [1, 2]
 
@@ -95,6 +94,18 @@ def _one_call_only(calls: _Calls, shards: int) -> None:
     assert set(calls.sent("PutStart")) <= {"later"}, calls.phases
 
 
+def _put_batches(a: KVStoreClient, batches: list[tuple[list[bytes], list[bytes]]],
+                 shards: int) -> None:
+    """Put each batch (same shape); from the third on, each commits in one call per shard
+    (the first goes the plain way, the second asks for placeholders)."""
+    for j, (keys, values) in enumerate(batches):
+        calls = a.phase_timer = _Calls()
+        assert a.put_many(keys, values) == [None] * N
+        if j >= 2:
+            _one_call_only(calls, shards)
+    a.phase_timer = None
+
+
 def _revoke(cluster: Cluster, shard: int, keys: list[bytes], writer: str) -> list[int]:
     """PutRevoke of `keys` at shard `shard`'s master, as `writer` (behind its client's
     back); the per-key codes."""
@@ -115,12 +126,7 @@ def test_one_control_call_per_put_and_nothing_left_behind(cluster: Cluster, shar
     batches = [_batch(rng, f"oc{j}", shards) for j in range(4)]
     with KVStoreClient(etcd=cluster.etcd, same_host=same_host, transport=transport,
                        replicas=2) as a:
-        for j, (keys, values) in enumerate(batches):
-            calls = a.phase_timer = _Calls()
-            assert a.put_many(keys, values) == [None] * N
-            if j >= 2:
-                _one_call_only(calls, shards)
-        a.phase_timer = None
+        _put_batches(a, batches, shards)
         # The first two batches went the plain way (placeholders are asked for sizes the
         # previous put had too); the two after them into placeholders.
         assert a.stats.one_call_puts == 2 * N and a.stats.puts == 4 * N
@@ -310,15 +316,7 @@ def test_a_tenants_placeholders_route_to_its_shards(cluster_factory: Cluster,
     placeholder, so each shard's pool names its placeholders to route there under the
     tenant's prefix; else every commit would be refused as another shard's."""
     c = cluster_factory
-    tokens = {name: new_token() for name in ("alice", "ops", "nodes")}
-    access = {"tenants": {"a": {}}, "tokens": [
-        {"name": "alice", "role": "client", "tenant": "a", "sha256": token_hash(tokens["alice"])},
-        {"name": "ops", "role": "admin", "sha256": token_hash(tokens["ops"])},
-        {"name": "nodes", "role": "node", "sha256": token_hash(tokens["nodes"])}]}
-    (tmp_path / "access.json").write_text(json.dumps(access))
-    (tmp_path / "node.token").write_text(tokens["nodes"])
-    flags = ["--auth-file", str(tmp_path / "access.json"),
-             "--token-file", str(tmp_path / "node.token")]
+    tokens, flags = tenant_access(tmp_path)
     shards = c.shards = 2
     masters = [c.start_master(*flags, shard=k) for k in range(shards)]
     c.start_store("512MiB", *flags)
@@ -341,12 +339,7 @@ def test_a_tenants_placeholders_route_to_its_shards(cluster_factory: Cluster,
     assert any(_keys(f"tn{j}", shards) != batches[j][0] for j in range(4))
     with KVStoreClient(etcd=c.etcd, token=tokens["alice"], same_host=False,
                        timeout=30) as a:
-        for j, (keys, values) in enumerate(batches):
-            calls = a.phase_timer = _Calls()
-            assert a.put_many(keys, values) == [None] * N
-            if j >= 2:
-                _one_call_only(calls, shards)
-        a.phase_timer = None
+        _put_batches(a, batches, shards)
         assert a.stats.one_call_puts == 2 * N
         assert pending() == DEPTH * N
         for keys, values in batches:

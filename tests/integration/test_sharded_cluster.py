@@ -19,14 +19,13 @@ import grpc
 
 from kvstore.coord.etcd import read_items_sync
 from kvstore.coord.layout import Layout, NodeRecord
-from kvstore.security.access import new_token, token_hash
 from kvstore.shards import ShardSpec, shard_of
 from kvstore.v1 import master_pb2 as pb
 from kvstore.v1 import master_pb2_grpc as pbg
 from kvstore.v1 import store_pb2 as spb
 from kvstore.v1 import store_pb2_grpc as spbg
 from kvstore_client import KVStoreClient
-from tests.conftest import Cluster
+from tests.conftest import Cluster, tenant_access
 from tests.unit.polling import wait_until
 
 SHARDS = 2
@@ -141,15 +140,7 @@ def test_a_tenants_ssd_objects_are_adopted_by_the_shard_its_client_asks(
     must route `tenant/key` too, or a new leader adopts the tenant's SSD objects at the
     shard the client does not ask, and they read as misses."""
     c = cluster_factory
-    tokens = {name: new_token() for name in ("alice", "ops", "nodes")}
-    access = {"tenants": {"a": {}}, "tokens": [
-        {"name": "alice", "role": "client", "tenant": "a", "sha256": token_hash(tokens["alice"])},
-        {"name": "ops", "role": "admin", "sha256": token_hash(tokens["ops"])},
-        {"name": "nodes", "role": "node", "sha256": token_hash(tokens["nodes"])}]}
-    (tmp_path / "access.json").write_text(json.dumps(access))
-    (tmp_path / "node.token").write_text(tokens["nodes"])
-    flags = ["--auth-file", str(tmp_path / "access.json"),
-             "--token-file", str(tmp_path / "node.token")]
+    tokens, flags = tenant_access(tmp_path)
     c.shards = SHARDS
     ttl = ("--etcd-lease-ttl", str(TENANT_TTL))
     first = [c.start_master(*flags, *ttl, shard=k) for k in range(SHARDS)]

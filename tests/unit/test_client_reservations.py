@@ -459,6 +459,7 @@ def test_placeholders_granted_in_columns_join_the_pool_and_too_few_replicas_rest
     assert asked is not None
     rs.granted(asked, 2, answer(asked, 1), time.monotonic())
     assert len(rs) == 0 and sorted(rs.expired()) == sorted(k for k, _ in asked)
+    assert _ask(rs, [SIZE], 2) is None  # the shape rests, as from items
 
 
 @pytest.mark.parametrize("prefix", [b"", b"team-a/"], ids=["no-tenant", "tenant"])
