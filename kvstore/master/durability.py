@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 from kvstore.errors import Code
 from kvstore.master.core import Location, ReplicaChange
 from kvstore.master.nodes import Applied, NodeLinks
+from kvstore.rpc.delta_columns import DRAM_DROP, INTENT, INTENT_RECORD, tier_flag
 
 # Calls whose OK promises a change a new leader must find (PutStart: only where it
 # found the key already stored, see `record`).
@@ -68,8 +69,8 @@ class Placed(NamedTuple):
 def queue_changes(links: NodeLinks, changes: list[ReplicaChange]) -> None:
     queue_row = links.queue_row
     for c in changes:
-        queue_row(c.node_id, (c.key, c.offset, c.size, c.checksum, c.tier, False, False,
-                              not c.added))
+        queue_row(c.node_id, (c.key, c.offset, c.size, c.checksum,
+                              tier_flag(c.tier) | (not c.added)))  # DROP is 1
 
 
 class Recorder:
@@ -171,8 +172,8 @@ class Recorder:
         for c in changes:
             node = c.node_id
             added = c.added
-            queue_row(node, (c.key, c.offset, c.size, c.checksum, c.tier, False, False,
-                             not added))
+            queue_row(node, (c.key, c.offset, c.size, c.checksum,
+                             tier_flag(c.tier) | (not added)))  # DROP is 1
             kick.add(node)
             if not added:
                 continue
@@ -251,8 +252,8 @@ class Recorder:
                 if old is not None and (was := old.get(node)) is not None and was[0] == offset:
                     mine[node] = old.pop(node)  # the same placement, started again
                     continue
-                m = queue_row(node, (key, offset, loc.size, p.checksum, "dram", True, p.record,
-                                     False))
+                m = queue_row(node, (key, offset, loc.size, p.checksum,
+                                     INTENT_RECORD if p.record else INTENT))
                 if m is not None:
                     mine[node] = (offset, m)
                     out.add(node)
@@ -266,7 +267,7 @@ class Recorder:
     def _drop_intents(self, key: bytes, sent: dict[str, tuple[int, Mark]]) -> set[str]:
         dropping = self._dropping.get(key)
         for node, (offset, _m) in sent.items():
-            m = self._links.queue_row(node, (key, offset, 0, 0, "dram", False, False, True))
+            m = self._links.queue_row(node, (key, offset, 0, 0, DRAM_DROP))
             if m is not None:
                 if dropping is None:
                     dropping = self._dropping[key] = []

@@ -29,7 +29,7 @@ import grpc
 
 from kvstore.addresses import split_address
 from kvstore.errors import Code, KVStoreError
-from kvstore.rpc.delta_columns import Row
+from kvstore.rpc.delta_columns import Row, row
 from kvstore.rpc.deltas import DeltaClient, apply_request
 from kvstore.security.daemons import DaemonSecurity
 from kvstore.v1 import store_pb2 as spb
@@ -54,8 +54,8 @@ class Applied(enum.Enum):
     LATE = "late"  # not applied within the wait (the node is slow or unreachable)
 
 
-# One queued change (delta_columns.Row): key, offset, size, checksum, tier, pending,
-# record, drop. Kept as a tuple until its Apply is built: a message per change made at
+# One queued change (delta_columns.Row): key, offset, size, checksum, flags. Kept as a
+# tuple until its Apply is built: a message per change made at
 # queue time and copied into the request cost ~3x as much (a put queues two: its intent
 # and its commit), and over the delta channel the rows go in columns.
 
@@ -160,9 +160,9 @@ class NodeLinks:
     def queue(self, node_id: str, replica: spb.Replica, added: bool) -> int:
         """Queue one change; returns its place in the node's queue (`applied` reaches it
         once the node has it), 0 if the leader has no link to the node."""
-        m = self.queue_row(node_id, (replica.key, replica.offset, replica.size,
-                                     replica.checksum, replica.tier, replica.pending,
-                                     replica.record, not added))
+        m = self.queue_row(node_id, row(replica.key, replica.offset, replica.size,
+                                        replica.checksum, replica.tier, replica.pending,
+                                        replica.record, not added))
         return 0 if m is None else m[1]
 
     def queue_row(self, node_id: str, row: Row) -> tuple[_Link, int] | None:

@@ -7,6 +7,9 @@ attribute by attribute. In columns a batch is one header and one packed array pe
 field, built from the leader's row tuples by `zip` and `array` (no Python loop over the
 rows but one for the flags) and read back the same way. No I/O here.
 
+The leader queues each row with its flags already set (`row`), so that packing a batch
+is `zip` and `array` with no Python loop over its rows.
+
 The frame's payload, little-endian:
 
     header   version u8, flags-width u8 (1), reserved u16, shard u32, epoch u64, rows u32
@@ -37,11 +40,16 @@ from kvstore.errors import InvalidArgument
 VERSION = 1
 HEAD = struct.Struct("<BBHIQI")
 DROP, PENDING, RECORD, SSD = 1, 2, 4, 8
+_ALL = DROP | PENDING | RECORD | SSD
 _LITTLE = sys.byteorder == "little"
 
-# key, offset, size, checksum, tier, pending, record, drop: the leader's queued row
-# (kvstore.master.nodes.Row).
-Row = tuple[bytes, int, int, int, str, bool, bool, bool]
+# key, offset, size, checksum, flags (DROP | PENDING | RECORD | SSD): the leader's
+# queued row (kvstore.master.nodes), built by `row` or with the constants below.
+Row = tuple[bytes, int, int, int, int]
+_TIER_FLAG = {"dram": 0, "ssd": SSD}
+INTENT = PENDING  # an intent in DRAM: committed if its bytes verify
+INTENT_RECORD = PENDING | RECORD  # a placeholder's intent: key and checksum in its record
+DRAM_DROP = DROP
 
 
 class MalformedDeltas(InvalidArgument):
@@ -68,21 +76,44 @@ def _u(typecode: str, values: Sequence[int]) -> bytes:
     return a.tobytes()
 
 
+def tier_flag(tier: str) -> int:
+    """A tier's flag bit (SSD or none); ValueError for a tier other than "dram" and
+    "ssd" (a bug in the caller)."""
+    try:
+        return _TIER_FLAG[tier]
+    except KeyError:
+        raise ValueError(f"a delta row names tier {tier!r}; only dram and ssd") from None
+
+
+def row(key: bytes, offset: int, size: int, checksum: int, tier: str, pending: bool = False,
+        record: bool = False, drop: bool = False) -> Row:
+    """One row, its flags set from the tier and the three booleans. The hot paths (an
+    intent, a commit, a drop per put) build theirs with the constants instead."""
+    return (key, offset, size, checksum,
+            tier_flag(tier) | drop * DROP | pending * PENDING | record * RECORD)
+
+
+def fields(flags: int) -> tuple[str, bool, bool, bool]:
+    """A row's flags as (tier, pending, record, drop): an ApplyRequest's fields."""
+    return ("ssd" if flags & SSD else "dram", bool(flags & PENDING), bool(flags & RECORD),
+            bool(flags & DROP))
+
+
 def encode(epoch: int, shard: int, rows: Sequence[Row]) -> bytes:
-    """The payload carrying `rows`, in order. Raises ValueError for a tier other than
-    "dram" and "ssd", or a field out of its column's range (a bug in the caller)."""
+    """The payload carrying `rows`, in order. Raises ValueError for flags outside
+    DROP | PENDING | RECORD | SSD, or a field out of its column's range (a bug in the
+    caller)."""
     n = len(rows)
     head = HEAD.pack(VERSION, 1, 0, shard, epoch, n)
     if not n:
         return head
-    keys, offsets, sizes, sums, tiers, pendings, records, drops = zip(*rows, strict=True)
-    if bad := set(tiers) - {"dram", "ssd"}:
-        raise ValueError(f"a delta row names tier(s) {sorted(bad)}; only dram and ssd")
-    flags = bytes([d | p << 1 | r << 2 | (t == "ssd") << 3
-                   for d, p, r, t in zip(drops, pendings, records, tiers, strict=True)])
+    keys, offsets, sizes, sums, flags = zip(*rows, strict=True)
+    if max(flags) > _ALL or min(flags) < 0:
+        raise ValueError(f"a delta row's flags {max(flags)} are not DROP | PENDING | "
+                         "RECORD | SSD")
     try:
         parts = [head, _u("I", list(map(len, keys))), _u("Q", offsets), _u("Q", sizes),
-                 _u("Q", sums), flags, b"".join(keys)]
+                 _u("Q", sums), bytes(flags), b"".join(keys)]
     except OverflowError as exc:
         raise ValueError(f"a delta row's field does not fit its column ({exc})") from None
     return b"".join(parts)

@@ -241,7 +241,8 @@ def apply_request(epoch: int, rows: list[Row], shard: int = 0) -> spb.ApplyReque
     left unset: with upb, about 3x faster than Change(replica=Replica(...))."""
     request = spb.ApplyRequest(epoch=epoch, shard=shard)
     add = request.changes.add
-    for key, offset, size, checksum, tier, pending, record, drop in rows:
+    for key, offset, size, checksum, flags in rows:
+        tier, pending, record, drop = delta_columns.fields(flags)
         r = (add(drop=True) if drop else add()).replica
         r.key = key
         if offset:

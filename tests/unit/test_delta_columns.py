@@ -29,35 +29,45 @@ def rows(n: int, seed: int = 1) -> list[dc.Row]:
     out: list[dc.Row] = []
     for i in range(n):
         drop, pending = rnd.random() < 0.3, rnd.random() < 0.5
-        out.append((b"key-%d-" % i + rnd.randbytes(rnd.randrange(0, 40)),
-                    rnd.randrange(0, U64), rnd.randrange(0, U64), rnd.randrange(0, U64),
-                    rnd.choice(("dram", "ssd")), pending and not drop,
-                    pending and not drop and rnd.random() < 0.5, drop))
+        out.append(dc.row(b"key-%d-" % i + rnd.randbytes(rnd.randrange(0, 40)),
+                          rnd.randrange(0, U64), rnd.randrange(0, U64), rnd.randrange(0, U64),
+                          rnd.choice(("dram", "ssd")), pending and not drop,
+                          pending and not drop and rnd.random() < 0.5, drop))
     return out
 
 
-def flags_of(row: dc.Row) -> int:
-    _, _, _, _, tier, pending, record, drop = row
-    return drop * dc.DROP | pending * dc.PENDING | record * dc.RECORD | (tier == "ssd") * dc.SSD
+def test_a_rows_flags_are_its_tier_and_booleans_and_read_back_as_such() -> None:
+    for tier in ("dram", "ssd"):
+        for pending in (False, True):
+            for record in (False, True):
+                for drop in (False, True):
+                    flags = dc.row(b"k", 0, 0, 0, tier, pending, record, drop)[4]
+                    assert flags == (drop * dc.DROP | pending * dc.PENDING
+                                     | record * dc.RECORD | (tier == "ssd") * dc.SSD)
+                    assert dc.fields(flags) == (tier, pending, record, drop)
+    # The constants the leader's hot paths queue with are the same rows.
+    assert dc.row(b"k", 1, 2, 3, "dram", pending=True)[4] == dc.INTENT
+    assert dc.row(b"k", 1, 2, 3, "dram", pending=True, record=True)[4] == dc.INTENT_RECORD
+    assert dc.row(b"k", 1, 0, 0, "dram", drop=True)[4] == dc.DRAM_DROP
 
 
 def test_every_field_round_trips() -> None:
     sent = rows(300)
-    sent.append((b"\x00" * MAX_KEY_BYTES, U64, U64, U64, "dram", True, True, False))
-    sent.append((b"", 0, 0, 0, "ssd", False, False, True))
+    sent.append(dc.row(b"\x00" * MAX_KEY_BYTES, U64, U64, U64, "dram", True, True, False))
+    sent.append(dc.row(b"", 0, 0, 0, "ssd", False, False, True))
     got = dc.decode(dc.encode(U64, 4_000_000_000, sent))
     assert (got.epoch, got.shard) == (U64, 4_000_000_000)
     assert got.keys == [r[0] for r in sent]
     assert got.offsets == [r[1] for r in sent]
     assert got.sizes == [r[2] for r in sent]
     assert got.checksums == [r[3] for r in sent]
-    assert list(got.flags) == [flags_of(r) for r in sent]
+    assert list(got.flags) == [r[4] for r in sent]
 
 
 def test_an_empty_batch_and_one_of_the_queue_bound() -> None:
     got = dc.decode(dc.encode(7, 0, []))
     assert (got.epoch, got.keys, got.flags) == (7, [], b"")
-    big = [(b"k%d" % i, i, 4096, i * 31, "dram", False, False, i % 2 == 0)
+    big = [dc.row(b"k%d" % i, i, 4096, i * 31, "dram", drop=i % 2 == 0)
            for i in range(MAX_QUEUED)]
     got = dc.decode(dc.encode(9, 1, big))
     assert len(got.keys) == MAX_QUEUED and got.keys[-1] == b"k%d" % (MAX_QUEUED - 1)
@@ -66,9 +76,11 @@ def test_an_empty_batch_and_one_of_the_queue_bound() -> None:
 
 def test_rows_the_columns_cannot_hold_are_the_callers_bug() -> None:
     with pytest.raises(ValueError, match="tier"):
-        dc.encode(1, 0, [(b"k", 0, 0, 0, "nvme", False, False, False)])
+        dc.row(b"k", 0, 0, 0, "nvme")
+    with pytest.raises(ValueError, match="flags"):
+        dc.encode(1, 0, [(b"k", 0, 0, 0, dc.SSD << 1)])
     with pytest.raises(ValueError, match="fit"):
-        dc.encode(1, 0, [(b"k", 1 << 64, 0, 0, "dram", False, False, False)])
+        dc.encode(1, 0, [dc.row(b"k", 1 << 64, 0, 0, "dram")])
 
 
 def test_malformed_frames_are_refused_with_a_typed_error() -> None:
@@ -95,12 +107,12 @@ def service() -> StoreNodeService:
 def test_a_node_applies_columns_as_it_applies_the_same_request() -> None:
     # An intent, its commit, a placeholder's intent and a drop of another key, in order.
     sent: list[dc.Row] = [
-        (b"a", 0, 64, 0, "dram", False, False, False),
-        (b"k", 64, 64, 9, "dram", True, False, False),
-        (b"~put/w/1", 128, 64, 0, "dram", True, True, False),
-        (b"k", 64, 64, 9, "dram", False, False, False),
-        (b"a", 0, 0, 0, "dram", False, False, True),
-        (b"s", 0, 64, 5, "ssd", False, False, False),
+        dc.row(b"a", 0, 64, 0, "dram"),
+        dc.row(b"k", 64, 64, 9, "dram", pending=True),
+        dc.row(b"~put/w/1", 128, 64, 0, "dram", pending=True, record=True),
+        dc.row(b"k", 64, 64, 9, "dram"),
+        dc.row(b"a", 0, 0, 0, "dram", drop=True),
+        dc.row(b"s", 0, 64, 5, "ssd"),
     ]
 
     async def main() -> None:
