@@ -24,17 +24,12 @@ from .results import (
     LookupResult,
     ReadColumns,
     ReadResult,
-    _set_addr,
-    _set_node_id,
-    _set_segment,
-    _set_size,
-    _set_tier,
 )
 from .segments import DRAM, OFFSET_BITS, OFFSET_MASK
 from .state import CoreState
 from .tiers import Tiers
 
-_new_object = object.__new__
+_new_tuple = tuple.__new__
 WHOLE_FROM = 8  # keys from which read_columns tries `_all_found` first
 
 
@@ -341,7 +336,7 @@ class Reads:
         placed = t.placed
         extra = t.extra
         by_id = state.segments.by_id
-        new = _new_object
+        new = _new_tuple
         ok = Code.OK
         not_found = Code.NOT_FOUND
         results: list[ReadResult] = []
@@ -363,13 +358,8 @@ class Reads:
                 locations = state.locations(s)
             else:
                 # location(), inlined: one call less per key on the hottest read.
-                loc = new(Location)
-                _set_node_id(loc, seg.node_id)
-                _set_segment(loc, seg.name)
-                _set_addr(loc, seg.base_addr + (h & OFFSET_MASK))
-                _set_size(loc, size)
-                _set_tier(loc, tier)
-                locations = [loc]
+                locations = [new(Location, (seg.node_id, seg.name,
+                                            seg.base_addr + (h & OFFSET_MASK), size, tier))]
             result(ReadResult(ok, size, checksums[s], locations, placed[s]))
             found.append(k)
             slots.append(s)

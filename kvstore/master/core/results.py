@@ -1,10 +1,12 @@
-"""What the core hands back: plain dataclasses the gRPC layer maps onto messages."""
+"""What the core hands back: plain dataclasses (and, for what it builds per replica,
+NamedTuples) the gRPC layer maps onto messages."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 from kvstore.errors import Code
 
@@ -23,8 +25,11 @@ class MoveKind(StrEnum):
     PROMOTE = "promote"  # SSD -> DRAM, for a reader
 
 
-@dataclass(frozen=True, slots=True)
-class Location:
+class Location(NamedTuple):
+    """Where one replica lives. A NamedTuple, not a frozen dataclass: put_start and
+    get_replicas build one per replica, and `location` builds it in under a third of a
+    frozen dataclass's time (docs/perf-notes.md)."""
+
     node_id: str
     segment: str  # the Transfer Engine segment name of the node (e.g. "127.0.0.1:15000")
     addr: int  # absolute address = segment base_addr + offset
@@ -32,26 +37,13 @@ class Location:
     tier: str = Tier.DRAM  # a Tier; typed str so callers may pass the wire's value
 
 
-_LOCATION_FIELDS = ("node_id", "segment", "addr", "size", "tier")
-if tuple(f.name for f in dataclasses.fields(Location)) != _LOCATION_FIELDS:  # pragma: no cover
-    raise ImportError("Location changed: update location() below, which sets its fields "
-                      "one by one")
-_set_node_id, _set_segment, _set_addr, _set_size, _set_tier = (
-    Location.__dict__[f].__set__ for f in _LOCATION_FIELDS)
-_new_object = object.__new__
+_new_tuple = tuple.__new__
 
 
 def location(node_id: str, segment: str, addr: int, size: int, tier: str) -> Location:
-    """Location(node_id, segment, addr, size, tier), a third of the cost: a frozen
-    dataclass's __init__ sets each field through object.__setattr__, this through the
-    slots themselves (put_start and get_replicas build one per replica)."""
-    loc = _new_object(Location)
-    _set_node_id(loc, node_id)
-    _set_segment(loc, segment)
-    _set_addr(loc, addr)
-    _set_size(loc, size)
-    _set_tier(loc, tier)
-    return loc
+    """Location(node_id, segment, addr, size, tier) without the keyword handling of
+    its constructor: the tuple built directly."""
+    return _new_tuple(Location, (node_id, segment, addr, size, tier))
 
 
 @dataclass(slots=True)
@@ -229,9 +221,9 @@ class ObjectInfo:
     writer: str = ""  # PENDING only
 
 
-@dataclass(frozen=True, slots=True)
-class ReplicaChange:
-    """One replica committed on (added) or freed from (not added) a node's segment."""
+class ReplicaChange(NamedTuple):
+    """One replica committed on (added) or freed from (not added) a node's segment. A
+    NamedTuple, as Location: every commit and every free journals one per replica."""
 
     node_id: str
     tier: Tier
@@ -242,27 +234,10 @@ class ReplicaChange:
     added: bool
 
 
-_CHANGE_FIELDS = ("node_id", "tier", "key", "offset", "size", "checksum", "added")
-if tuple(f.name for f in dataclasses.fields(ReplicaChange)) != _CHANGE_FIELDS:  # pragma: no cover
-    raise ImportError("ReplicaChange changed: update replica_change() below, which sets its "
-                      "fields one by one")
-_CHANGE_SETTERS = tuple(ReplicaChange.__dict__[f].__set__ for f in _CHANGE_FIELDS)
-
-
 def replica_change(node_id: str, tier: Tier, key: bytes, offset: int, size: int,
                    checksum: int, added: bool) -> ReplicaChange:
-    """ReplicaChange(...) at about half the cost, as location() does for Location: every
-    commit and every free journals one per replica."""
-    c = _new_object(ReplicaChange)
-    s_node, s_tier, s_key, s_offset, s_size, s_checksum, s_added = _CHANGE_SETTERS
-    s_node(c, node_id)
-    s_tier(c, tier)
-    s_key(c, key)
-    s_offset(c, offset)
-    s_size(c, size)
-    s_checksum(c, checksum)
-    s_added(c, added)
-    return c
+    """ReplicaChange(...), the tuple built directly (see `location`)."""
+    return _new_tuple(ReplicaChange, (node_id, tier, key, offset, size, checksum, added))
 
 
 @dataclass(frozen=True, slots=True)
