@@ -7,7 +7,8 @@ one event loop; each call is parsed from its bytes, handled, settled and its rep
 serialized, as the fast channel does; the node link's sender hands its rows to a
 stand-in for the delta channel, which packs them in columns (`DeltaClient.apply_rows`'s
 work on the master's side) and answers at once. What it leaves out: the sockets (framing, the
-syscalls) and the store node. Prints the process's CPU time (user + system) per object;
+syscalls) and the store node. The garbage collector is set as the daemon sets it
+(`tune_gc`). Prints the process's CPU time (user + system) per object;
 --profile writes a cProfile of the timed loop to OUT (sorted by own time, top 30
 printed).
 """
@@ -25,6 +26,7 @@ from typing import Any
 from kvstore.clock import MonotonicClock
 from kvstore.master.core import MasterCore
 from kvstore.master.core.config import CoreConfig
+from kvstore.master.daemon import tune_gc
 from kvstore.master.durability import Recorder
 from kvstore.master.metrics import MasterMetrics
 from kvstore.master.nodes import NodeLinks, _Link
@@ -144,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="runs; each one's figure is printed")
     p.add_argument("--profile", default="", help="write a cProfile of the timed loop here")
     args = p.parse_args(argv)
+    tune_gc()  # the daemon's collector settings (kvstore master runs it before it serves)
     for _ in range(args.repeat if not args.profile else 1):
         us = asyncio.run(run(args.batches, args.batch, args.profile))
         print(f"{us:.2f} µs of CPU per object (PutStart + PutEnd, {args.batch} per call)",

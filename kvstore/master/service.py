@@ -317,7 +317,8 @@ class MasterService(pbg.MasterServicer):
         if room:
             # A placeholder's intent: its key and checksum come in the record its writer
             # appends to the value (kvstore/put_record.py).
-            self._placed = [Placed(k, 0, r.locations, record=True)
+            new = tuple.__new__  # Placed(k, 0, locations, record=True), without keywords
+            self._placed = [new(Placed, (k, 0, r.locations, True))
                             for k, r in zip(keys, results, strict=True)
                             if r.code == Code.OK and r.locations]
         elif not request.ahead:
@@ -325,9 +326,10 @@ class MasterService(pbg.MasterServicer):
             if self.recorder is not None:
                 # Space started ahead has no checksum yet: its commit is recorded the
                 # old way (PutCommit waits for the node).
-                sums = request.checksums
-                self._placed = [Placed(k, sums[i], r.locations)
-                                for i, (k, r) in enumerate(zip(keys, results, strict=True))
+                new = tuple.__new__  # Placed(k, sum, locations), without its defaults
+                self._placed = [new(Placed, (k, total, r.locations, False))
+                                for k, total, r in zip(keys, request.checksums, results,
+                                                       strict=True)
                                 if r.code == Code.OK and r.locations]
         reply = pb.PutStartResponse(put_timeout=self.core.put_timeout(request.ahead),
                                     record_room=room)
