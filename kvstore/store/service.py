@@ -100,17 +100,19 @@ class StoreNodeService(spbg.StoreNodeServicer):
         epoch = rows.epoch or 1
         ordered: list[tuple[bytes, Held | int]] = []
         ssd_drops: list[tuple[bytes, int]] = []
+        add = ordered.append
+        new = tuple.__new__  # Held(...) without its constructor's defaults: once per row
         for key, offset, size, checksum, f in zip(rows.keys, rows.offsets, rows.sizes,
                                                   rows.checksums, rows.flags, strict=True):
             if f & SSD:
                 if f & DROP:
                     ssd_drops.append((key, offset))
             elif f & DROP:
-                ordered.append((key, offset))
+                add((key, offset))
             elif f & PENDING:
-                ordered.append((key, Held(offset, size, checksum, epoch, bool(f & RECORD))))
+                add((key, new(Held, (offset, size, checksum, epoch, bool(f & RECORD)))))
             else:
-                ordered.append((key, Held(offset, size, checksum)))
+                add((key, new(Held, (offset, size, checksum, 0, False))))
         inventory.replay(ordered)
         await self._drop_ssd(ssd_drops)
         return spb.ApplyResponse()
