@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 from kvstore.errors import Code
 from kvstore.master.core import Location, ReplicaChange
 from kvstore.master.nodes import Applied, NodeLinks
-from kvstore.rpc.delta_columns import DRAM_DROP, INTENT, INTENT_RECORD, tier_flag
+from kvstore.rpc.delta_columns import DRAM_DROP, DROP, INTENT, INTENT_RECORD, tier_flag
 
 # Calls whose OK promises a change a new leader must find (PutStart: only where it
 # found the key already stored, see `record`).
@@ -70,7 +70,7 @@ def queue_changes(links: NodeLinks, changes: list[ReplicaChange]) -> None:
     queue_row = links.queue_row
     for c in changes:
         queue_row(c.node_id, (c.key, c.offset, c.size, c.checksum,
-                              tier_flag(c.tier) | (not c.added)))  # DROP is 1
+                              tier_flag(c.tier) | (0 if c.added else DROP)))
 
 
 class Recorder:
@@ -173,7 +173,7 @@ class Recorder:
             node = c.node_id
             added = c.added
             queue_row(node, (c.key, c.offset, c.size, c.checksum,
-                             tier_flag(c.tier) | (not added)))  # DROP is 1
+                             tier_flag(c.tier) | (0 if added else DROP)))
             kick.add(node)
             if not added:
                 continue

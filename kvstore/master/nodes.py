@@ -55,9 +55,9 @@ class Applied(enum.Enum):
 
 
 # One queued change (delta_columns.Row): key, offset, size, checksum, flags. Kept as a
-# tuple until its Apply is built: a message per change made at
-# queue time and copied into the request cost ~3x as much (a put queues two: its intent
-# and its commit), and over the delta channel the rows go in columns.
+# tuple until its Apply is built: a message per change made at queue time and copied
+# into the request cost ~3x as much (a put queues two: its intent and its commit), and
+# over the delta channel the rows go in columns.
 
 
 @dataclass

@@ -84,6 +84,9 @@ def _add_locations(field: Any, locs: Iterable[Location]) -> None:
 # Keys per ListKeys/Inspect reply: an admin call, but one reply must stay well under the
 # 64 MiB message limit (a key is at most 1 KiB).
 _MAX_LIST = 10_000
+# A NamedTuple built without its constructor's keyword and default handling (Placed,
+# once per key a PutStart places).
+_new_tuple = tuple.__new__
 
 
 def _node_status(seg: SegmentStats) -> pb.NodeStatus:
@@ -317,8 +320,8 @@ class MasterService(pbg.MasterServicer):
         if room:
             # A placeholder's intent: its key and checksum come in the record its writer
             # appends to the value (kvstore/put_record.py).
-            new = tuple.__new__  # Placed(k, 0, locations, record=True), without keywords
-            self._placed = [new(Placed, (k, 0, r.locations, True))
+            # Placed(k, 0, locations, record=True), built without keyword handling.
+            self._placed = [_new_tuple(Placed, (k, 0, r.locations, True))
                             for k, r in zip(keys, results, strict=True)
                             if r.code == Code.OK and r.locations]
         elif not request.ahead:
@@ -326,8 +329,7 @@ class MasterService(pbg.MasterServicer):
             if self.recorder is not None:
                 # Space started ahead has no checksum yet: its commit is recorded the
                 # old way (PutCommit waits for the node).
-                new = tuple.__new__  # Placed(k, sum, locations), without its defaults
-                self._placed = [new(Placed, (k, total, r.locations, False))
+                self._placed = [_new_tuple(Placed, (k, total, r.locations, False))
                                 for k, total, r in zip(keys, request.checksums, results,
                                                        strict=True)
                                 if r.code == Code.OK and r.locations]

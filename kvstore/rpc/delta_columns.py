@@ -4,11 +4,9 @@ Every put costs its store node at least two delta rows (the intent, then the com
 a drop). As an `ApplyRequest` each row is a `Change` message holding a `Replica`
 message: the leader builds two protobuf objects per row and the node reads them back,
 attribute by attribute. In columns a batch is one header and one packed array per
-field, built from the leader's row tuples by `zip` and `array` (no Python loop over the
-rows but one for the flags) and read back the same way. No I/O here.
-
-The leader queues each row with its flags already set (`row`), so that packing a batch
-is `zip` and `array` with no Python loop over its rows.
+field, built from the leader's row tuples by `zip` and `array` and read back the same
+way: the leader queues each row with its flags already set (`row`), so packing a batch
+runs no Python loop over its rows. No I/O here.
 
 The frame's payload, little-endian:
 
@@ -109,8 +107,8 @@ def encode(epoch: int, shard: int, rows: Sequence[Row]) -> bytes:
         return head
     keys, offsets, sizes, sums, flags = zip(*rows, strict=True)
     if max(flags) > _ALL or min(flags) < 0:
-        raise ValueError(f"a delta row's flags {max(flags)} are not DROP | PENDING | "
-                         "RECORD | SSD")
+        bad = sorted({f for f in flags if not 0 <= f <= _ALL})
+        raise ValueError(f"delta row flags {bad} are not DROP | PENDING | RECORD | SSD")
     try:
         parts = [head, _u("I", list(map(len, keys))), _u("Q", offsets), _u("Q", sizes),
                  _u("Q", sums), bytes(flags), b"".join(keys)]
