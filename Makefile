@@ -6,6 +6,7 @@ PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip
 STAMP   := $(VENV)/.installed
 BASE    := $(VENV)/.installed-base
+TORCH   := $(VENV)/.installed-torch
 # Tests run in a private network namespace holding only loopback: the Transfer Engine
 # listens on every interface whatever address it is given.
 NETNS   := unshare -n sh -c
@@ -39,10 +40,14 @@ $(BASE): pyproject.toml
 	touch $(BASE)
 
 # torch is installed alone and pinned before any engine, so that nothing resolves a CUDA
-# build. vLLM (the CPU build) is installed for the connector's tests: see
-# vllm_adapter/install_vllm.sh; SGLang and LMCache likewise.
-$(STAMP): $(BASE) vllm_adapter/install_vllm.sh sglang_adapter/install_sglang.sh lmcache_adapter/install_lmcache.sh
+# build (the unit tests of the GPU buffers and page checksums use its CPU tensors).
+$(TORCH): $(BASE)
 	$(PIP) install -q torch==2.13.0
+	touch $(TORCH)
+
+# vLLM (the CPU build) is installed for the connector's tests: see
+# vllm_adapter/install_vllm.sh; SGLang and LMCache likewise.
+$(STAMP): $(TORCH) vllm_adapter/install_vllm.sh sglang_adapter/install_sglang.sh lmcache_adapter/install_lmcache.sh
 	sh vllm_adapter/install_vllm.sh $(PY)
 	sh sglang_adapter/install_sglang.sh $(PY)
 	sh lmcache_adapter/install_lmcache.sh $(PY)
@@ -54,9 +59,9 @@ run: setup
 test: setup
 	$(NETNS) 'ip link set lo up && exec $(PY) -m pytest -q $(PYTEST_ARGS)'
 
-# The unit tests alone (no engine installed; about a minute): `make test-unit
-# PYTEST_ARGS='-k lease'` runs a subset.
-test-unit: system-deps $(BASE)
+# The unit tests alone (no engine installed, torch's CPU build only; about a minute):
+# `make test-unit PYTEST_ARGS='-k lease'` runs a subset.
+test-unit: system-deps $(TORCH)
 	$(NETNS) 'ip link set lo up && exec $(PY) -m pytest -q tests/unit $(PYTEST_ARGS)'
 
 # The connector against the next vLLM's scheduler and connector API (vllm==0.33.0, a
