@@ -101,15 +101,22 @@ def renew(st: ClientState, lease: Lease, ttl: float | None) -> Flow[None]:
         lease.expires_at = sent + reply.ttl_remaining
 
 
-def release(lease: Lease, keep_first: int | None) -> Flow[None]:
+def release(lease: Lease, keep_first: int | None, ordered: bool = True) -> Flow[None]:
+    """With `ordered` (a channel that runs one connection's frames in order: the fast
+    channel), a one-way frame: every later call of this client is handled after it, so
+    waiting for its reply would only add a round trip. Otherwise a call, waited for."""
     if not lease.id:
         return
-    req = pb.ReleaseLeaseRequest(lease_id=lease.id)
-    if keep_first is not None:
-        if keep_first < 0:
-            raise InvalidArgument(f"keep_first must be >= 0, got {keep_first}")
-        req.keep_first_n = keep_first
-    yield Rpc("ReleaseLease", req)
+    if keep_first is not None and keep_first < 0:
+        raise InvalidArgument(f"keep_first must be >= 0, got {keep_first}")
+    if ordered:
+        # keep_first 0 releases the whole lease: the client forgets its id either way.
+        yield Release(lease.id, keep_first=keep_first or 0)
+    else:
+        req = pb.ReleaseLeaseRequest(lease_id=lease.id)
+        if keep_first is not None:
+            req.keep_first_n = keep_first
+        yield Rpc("ReleaseLease", req)
     if keep_first is None or keep_first == 0:
         lease.id = 0  # its keys stay readable: what it pinned
     else:

@@ -481,9 +481,15 @@ class Session:
     def _release_lease(self, lease: Lease, keep_first: int | None) -> Io[None]:
         if self._shards > 1:
             yield from self._run(sharded.release(self._state, lease, keep_first,
-                                                 self._shards))
+                                                 self._shards, self._ordered()))
             return
-        yield from self._run(flows.release(lease, keep_first))
+        yield from self._run(flows.release(lease, keep_first, self._ordered()))
+
+    def _ordered(self) -> bool:
+        """Whether this client's control channels handle one connection's frames in order
+        (the fast channel's): a release then goes one-way (flows.release)."""
+        control = self._control
+        return control is not None and control.transport == "fast"
 
     def _put_from(self, keys: Sequence[bytes],
                   buffers: Sequence[Any]) -> Io[list[KVStoreError | None]]:

@@ -344,10 +344,11 @@ def renew(st: ClientState, lease: Lease, ttl: float | None) -> Flow[None]:
 
 
 def release(st: ClientState, lease: Lease, keep_first: int | None,
-            shards: int) -> Flow[None]:
-    """Release each shard's part (waited for, as one shard's release is); with
-    `keep_first=n`, each shard keeps its keys among the lease's first n. A lease this
-    client does not know is left to expire (its id names nothing at any master)."""
+            shards: int, ordered: bool = True) -> Flow[None]:
+    """Release each shard's part (one-way where `ordered`, else waited for: as one
+    shard's release, flows.release); with `keep_first=n`, each shard keeps its keys
+    among the lease's first n. A lease this client does not know is left to expire (its
+    id names nothing at any master)."""
     held = lease_parts(st, lease)
     if not lease.id or held is None:
         return
@@ -361,11 +362,15 @@ def release(st: ClientState, lease: Lease, keep_first: int | None,
         whole = {k: len(pos) for k, pos in split(lease.keys, shards, st.key_prefix)}
     asked = []
     for k, part in held.items():
+        keep = keeps.get(k, 0)
+        if keep and keep >= whole.get(k, 0):
+            continue  # it keeps all it pins
+        if ordered:
+            yield Release(part.id, k, keep)
+            continue
         req = pb.ReleaseLeaseRequest(lease_id=part.id)
-        if keeps.get(k):
-            if keeps[k] >= whole.get(k, 0):
-                continue  # it keeps all it pins
-            req.keep_first_n = keeps[k]
+        if keep:
+            req.keep_first_n = keep
         asked.append((yield Ask("ReleaseLease", req, k)))
     first: KVStoreError | None = None
     for a in asked:

@@ -164,17 +164,15 @@ class _Connection(asyncio.Protocol):
                         self.caller = self._server.authenticate(request.token)
                     settle = self._server.settle
                     wait = None if settle is None else settle(method.name, answer)
+                    if request_id == ONE_WAY:  # nobody reads the reply: just let it run
+                        return None  # (one that waits settles by itself)
                     if wait is not None:
-                        if request_id == ONE_WAY:  # nobody reads the reply: just let it run
-                            return None  # it settles by itself
                         return wait, request_id, answer
                     reply = answer.SerializeToString()
                 except Exception:  # handle() maps every error; a bug must not kill the loop
                     log.exception("fast channel: %s failed", method.name)
                     code, message = Code.INTERNAL, f"the master failed to handle {method.name}"
                 else:
-                    if request_id == ONE_WAY:
-                        return None
                     return HEADER.pack(len(reply), request_id, REPLY_OK) + reply
         if request_id == ONE_WAY:
             return None
