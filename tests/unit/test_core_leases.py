@@ -305,3 +305,63 @@ def test_lease_ids_start_where_configured() -> None:
     put(core, [b"a"])
     assert core.lookup([b"a"]).lease_id == (7 << 40) + 1
     assert core.lookup([b"a"]).lease_id == (7 << 40) + 2
+
+
+def test_expiry_unpins_a_bounded_round_at_a_time() -> None:
+    """Leases nobody released, due together, are reaped a round at a time (at most
+    EXPIRE_PINS pins each): the daemon runs requests between rounds. Each is dead at
+    its deadline whether or not a round has reaped it yet, and every pin comes back."""
+    from kvstore.master.core.pins import EXPIRE_PINS
+
+    core, clock = make(seg_size=64 * MiB)
+    keys = ks(256)
+    put(core, keys)
+    n = 2 * EXPIRE_PINS // len(keys) + 3  # more than two rounds' worth
+    leases = [core.lookup(keys, lease_ttl=5, holder=f"h{i}") for i in range(n)]
+    assert all(r.count == len(keys) for r in leases)
+    clock.advance(5)
+    per_round = EXPIRE_PINS // len(keys)
+    report = core.tick()
+    assert (report.expired_leases, report.leases_due) == (per_round, True)
+    with pytest.raises(LeaseExpired):  # not reaped yet, and dead all the same
+        core.renew_lease(leases[-1].lease_id)
+    assert pins(core, keys[:1]) == [n - per_round]
+    rounds = [core.expire_leases() for _ in range(2)]
+    assert rounds == [(per_round, True), (n - 2 * per_round, False)]
+    st = core.stats()
+    assert (st.active_leases, st.leases_expired, st.pool_pinned) == (0, n, 0)
+    assert pins(core, keys) == [0] * len(keys)
+    assert core.expire_leases() == (0, False)
+
+
+def test_the_daemon_serves_between_rounds_of_expiry() -> None:
+    """expire_in_rounds yields to the loop before each round: a task queued meanwhile
+    (a request) runs while leases are still being reaped."""
+    import asyncio
+
+    from kvstore.master.core.pins import EXPIRE_PINS
+    from kvstore.master.daemon import expire_in_rounds
+
+    core, clock = make(seg_size=64 * MiB)
+    keys = ks(256)
+    put(core, keys)
+    n = 3 * EXPIRE_PINS // len(keys)
+    for i in range(n):
+        core.lookup(keys, lease_ttl=5, holder=f"h{i}")
+    clock.advance(5)
+    seen: list[int] = []
+
+    async def request() -> None:
+        for _ in range(4):
+            seen.append(core.stats().active_leases)
+            await asyncio.sleep(0)
+
+    async def main() -> int:
+        served = asyncio.ensure_future(request())
+        expired = await expire_in_rounds(core)
+        await served
+        return expired
+
+    assert asyncio.run(main()) == n
+    assert core.stats().active_leases == 0 and core.stats().pool_pinned == 0
+    assert any(0 < left < n for left in seen), seen  # it ran between two rounds

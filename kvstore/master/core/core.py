@@ -55,7 +55,7 @@ from .eviction import Eviction
 from .introspect import Introspect
 from .membership import Membership
 from .pin_cap import PinCap
-from .pins import Pins
+from .pins import EXPIRE_PINS, Pins
 from .quotas import Quotas
 from .reads import Reads
 from .results import (
@@ -297,7 +297,8 @@ class MasterCore:
         state = self._state
         now = state.clock.now()
         report = TickReport()
-        report.expired_leases = self._pins.expire(now)
+        report.expired_leases = self._pins.expire(now, EXPIRE_PINS)
+        report.leases_due = state.leases.due(now)
         report.reclaimed = self._writes.reclaim(now)
         state.quarantine.expire(now)
         c = state.counts
@@ -309,6 +310,15 @@ class MasterCore:
         state.recent.observe(now, self._introspect.recent_totals())
         self._membership.forget_departed(now)
         return report
+
+    def expire_leases(self) -> tuple[int, bool]:
+        """One more round of the tick's lease expiry (at most EXPIRE_PINS pins): how many
+        leases expired, and whether more are past their deadline. A lease past its
+        deadline is dead to every verb already; this only hands its pins back."""
+        state = self._state
+        now = state.clock.now()
+        n = self._pins.expire(now, EXPIRE_PINS)
+        return n, state.leases.due(now)
 
     def evict_to(self, ratio: float, limit: int | None = None) -> EvictionReport:
         """Admin: evict unpinned COMPLETE objects, oldest first, until used <= ratio of

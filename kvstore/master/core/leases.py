@@ -118,20 +118,32 @@ class LeaseTable:
         lease._members = None
         return dropped
 
-    def expire(self, now: float) -> list[Lease]:
-        """Remove and return every lease whose deadline has passed."""
+    def expire(self, now: float, pins: int | None = None) -> list[Lease]:
+        """Remove and return every lease whose deadline has passed, earliest first; with
+        `pins`, stop once those returned pin that many keys (one lease at least), so that
+        the caller's work per round is bounded (`due` says whether more are waiting)."""
         heap = self._heap
         leases = self._leases
         out: list[Lease] = []
+        n = 0
         while heap and heap[0][0] <= now:
+            if pins is not None and n >= pins:
+                break
             at, lease_id = heapq.heappop(heap)
             lease = leases.get(lease_id)
             if lease is None or lease.expires_at != at:
                 continue  # released, or renewed since this entry was pushed
             del leases[lease_id]
             out.append(lease)
+            n += len(lease.tokens)
             self._remember(lease_id)
         return out
+
+    def due(self, now: float) -> bool:
+        """Whether `expire(now)` may find a lease past its deadline (the earliest entry of
+        the heap is due; it may turn out released or renewed)."""
+        heap = self._heap
+        return bool(heap) and heap[0][0] <= now
 
     def _remember(self, lease_id: int) -> None:
         self._expired_ids.add(lease_id)

@@ -22,6 +22,10 @@ from .leases import Lease
 from .objects import SLOT_BITS, SLOT_MASK
 from .state import CoreState
 
+# The most pins one round of lease expiry unpins (a tick, or MasterCore.expire_leases):
+# leases that many clients never released must not hold the master for one long stretch.
+EXPIRE_PINS = 4096
+
 
 class Pins:
     def __init__(self, state: CoreState) -> None:
@@ -145,10 +149,11 @@ class Pins:
         else:
             self.unpin(leases.trim(lease_id, keep_first_n, now, owner))
 
-    def expire(self, now: float) -> int:
-        """Unpin what the leases past their deadline pinned; returns how many expired."""
+    def expire(self, now: float, pins: int | None = None) -> int:
+        """Unpin what the leases past their deadline pinned (with `pins`: about that many
+        pins' worth, see LeaseTable.expire); returns how many leases expired."""
         n = 0
-        for lease in self._state.leases.expire(now):
+        for lease in self._state.leases.expire(now, pins):
             self.unpin(lease.tokens)
             n += 1
         self._state.counts.leases_expired += n

@@ -127,6 +127,9 @@ class TickReport:
     reclaimed: int = 0
     evicted: int = 0
     evicted_bytes: int = 0
+    # More leases are past their deadline than one round unpins (EXPIRE_PINS): the
+    # caller goes on with expire_leases between other work.
+    leases_due: bool = False
 
 
 @dataclass(slots=True)
