@@ -24,7 +24,7 @@ from .state import CoreState
 
 # The most pins one round of lease expiry unpins (a tick, or MasterCore.expire_leases):
 # leases that many clients never released must not hold the master for one long stretch.
-EXPIRE_PINS = 4096
+EXPIRE_PINS = 1024
 
 
 class Pins:
