@@ -7,12 +7,14 @@ by a collector, so the core stays free of any metrics library.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 _LATENCY_BUCKETS = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0
@@ -38,10 +40,8 @@ class MasterMetrics:
         self.registry = registry or CollectorRegistry()
         self.shard = shard
         self.shards = shards
-        self.rpc_latency = Histogram(
-            "kvstore_master_rpc_seconds", "Master RPC handling time by method",
-            ["method"], buckets=_LATENCY_BUCKETS, registry=self.registry,
-        )
+        self.rpc_latency = RpcLatency(_LATENCY_BUCKETS)
+        self.registry.register(self.rpc_latency)
         self.rpc_errors = Counter(
             "kvstore_master_rpc_errors_total", "Master RPCs that failed as a whole, by code",
             ["method", "code"], registry=self.registry,
@@ -76,6 +76,59 @@ class _ShardLabelled(Collector):
             family.samples = [s._replace(labels={**s.labels, "shard": self._shard})
                               for s in family.samples]
             yield family
+
+
+class LatencySeries:
+    """One method's histogram: a count per bucket (the last one +Inf) and the sum."""
+
+    __slots__ = ("_bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self._bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, seconds: float) -> None:
+        # The first bucket whose bound is >= seconds: prometheus's `le`.
+        self.counts[bisect_left(self._bounds, seconds)] += 1
+        self.total += seconds
+
+
+class RpcLatency(Collector):
+    """kvstore_master_rpc_seconds, by method. prometheus_client's Histogram takes three
+    locks and loops over the buckets in Python on every call the master answers; this
+    one takes a bisect and two additions (docs/perf-notes.md). Only the event loop's
+    thread observes; a scrape, from the HTTP server's thread, may see a call's count a
+    moment before its sum, which prometheus_client's own histogram allows too."""
+
+    name = "kvstore_master_rpc_seconds"
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self._bounds = bounds
+        self._les = [floatToGoString(b) for b in bounds] + ["+Inf"]
+        self._series: dict[str, LatencySeries] = {}
+
+    def labels(self, method: str) -> LatencySeries:
+        series = self._series.get(method)
+        if series is None:
+            series = self._series[method] = LatencySeries(self._bounds)
+        return series
+
+    def describe(self) -> Iterator[Any]:
+        yield HistogramMetricFamily(self.name, "Master RPC handling time by method",
+                                    labels=["method"])
+
+    def collect(self) -> Iterator[Any]:
+        family = HistogramMetricFamily(self.name, "Master RPC handling time by method",
+                                       labels=["method"])
+        for method, series in list(self._series.items()):
+            counts, total = list(series.counts), series.total
+            cumulative, buckets = 0, []
+            for le, n in zip(self._les, counts, strict=True):
+                cumulative += n
+                buckets.append((le, cumulative))
+            family.add_metric([method], buckets, total)
+        yield family
 
 
 class _CoreCollector(Collector):
