@@ -95,7 +95,7 @@ class LatencySeries:
 
 
 class RpcLatency(Collector):
-    """kvstore_master_rpc_seconds, by method. prometheus_client's Histogram takes three
+    """kvstore_master_rpc_seconds, by method. prometheus_client's Histogram takes two
     locks and loops over the buckets in Python on every call the master answers; this
     one takes a bisect and two additions (docs/perf-notes.md). Only the event loop's
     thread observes; a scrape, from the HTTP server's thread, may see a call's count a
