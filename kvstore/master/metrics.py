@@ -114,13 +114,15 @@ class RpcLatency(Collector):
             series = self._series[method] = LatencySeries(self._bounds)
         return series
 
+    def _family(self) -> HistogramMetricFamily:
+        return HistogramMetricFamily(self.name, "Master RPC handling time by method",
+                                     labels=["method"])
+
     def describe(self) -> Iterator[Any]:
-        yield HistogramMetricFamily(self.name, "Master RPC handling time by method",
-                                    labels=["method"])
+        yield self._family()
 
     def collect(self) -> Iterator[Any]:
-        family = HistogramMetricFamily(self.name, "Master RPC handling time by method",
-                                       labels=["method"])
+        family = self._family()
         for method, series in list(self._series.items()):
             counts, total = list(series.counts), series.total
             cumulative, buckets = 0, []

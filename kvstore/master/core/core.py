@@ -297,8 +297,7 @@ class MasterCore:
         state = self._state
         now = state.clock.now()
         report = TickReport()
-        report.expired_leases = self._pins.expire(now, EXPIRE_PINS)
-        report.leases_due = state.leases.due(now)
+        report.expired_leases, report.leases_due = self._expire_round(now)
         report.reclaimed = self._writes.reclaim(now)
         state.quarantine.expire(now)
         c = state.counts
@@ -315,10 +314,10 @@ class MasterCore:
         """One more round of the tick's lease expiry (at most EXPIRE_PINS pins): how many
         leases expired, and whether more are past their deadline. A lease past its
         deadline is dead to every verb already; this only hands its pins back."""
-        state = self._state
-        now = state.clock.now()
-        n = self._pins.expire(now, EXPIRE_PINS)
-        return n, state.leases.due(now)
+        return self._expire_round(self._state.clock.now())
+
+    def _expire_round(self, now: float) -> tuple[int, bool]:
+        return self._pins.expire(now, EXPIRE_PINS), self._state.leases.due(now)
 
     def evict_to(self, ratio: float, limit: int | None = None) -> EvictionReport:
         """Admin: evict unpinned COMPLETE objects, oldest first, until used <= ratio of
